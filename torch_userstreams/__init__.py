@@ -1,0 +1,54 @@
+"""torch_userstreams: user streams and events in torch.compile, per graph and per call.
+
+``import torch_userstreams`` patches nothing; ``install()`` (or ``with installed():``)
+does. See README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from .api import current_stream, lookup, new_event, new_stream
+from .errors import (
+    NotCompilingError,
+    PatchPointError,
+    UnsupportedPathError,
+    UnsupportedTorchError,
+    UserObjectError,
+    UserStreamsError,
+)
+from .explain import explain
+from .patching import install, is_installed, uninstall
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NotCompilingError",
+    "PatchPointError",
+    "UnsupportedPathError",
+    "UnsupportedTorchError",
+    "UserObjectError",
+    "UserStreamsError",
+    "current_stream",
+    "explain",
+    "install",
+    "installed",
+    "is_installed",
+    "lookup",
+    "new_event",
+    "new_stream",
+    "uninstall",
+]
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Install for the duration of the block; leave it as it was found afterwards."""
+    was_installed = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            uninstall()

@@ -1,0 +1,137 @@
+"""Replacements for native Dynamo's user-object functions, routed to per-graph tables.
+
+``patching`` installs each of these over the native function *and* over every by-value
+alias of it, and restores the originals on ``uninstall()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import api, emitters, factories, runtime
+from .registration import current_table, reset_staging
+from .table import EntryKind
+
+log = logging.getLogger("torch_userstreams")
+
+# Filled by ``patching.install`` with the native functions we wrap or fall back to.
+NATIVE: dict[str, Callable[..., Any]] = {}
+
+
+def _source_name(source: Any) -> str:
+    name = source.name
+    return name() if callable(name) else str(name)
+
+
+def register_user_object(value: Any, source: Any) -> int:
+    """An object Dynamo can load from the frame (input, global, ambient stream)."""
+    from torch._dynamo.source import CurrentStreamSource
+
+    table = current_table()
+    if isinstance(source, CurrentStreamSource):
+        origin = f"current stream of {source.device}"
+        return table.add(
+            EntryKind.CURRENT_STREAM, origin, emitters.current_stream(source.device), value
+        )
+    return table.add(EntryKind.INPUT, _source_name(source), emitters.from_source(source), value)
+
+
+class ConstructSpec:
+    """What the user's function called to create a stream or event, kept as constants.
+
+    Replaces Dynamo's construct closures so that the prologue can build the object with a
+    one-call factory, without native's ``stash_graph_created_object`` (which appends every
+    call's objects to a global keep-alive list).
+    """
+
+    def __init__(self, kind: str, args: Any, kwargs: Any) -> None:
+        self.kind = kind
+        self.args: tuple[Any, ...] = tuple(args.as_python_constant())
+        self.kwargs: dict[str, Any] = dict(kwargs.as_python_constant())
+
+    def text(self) -> str:
+        parts = [repr(a) for a in self.args]
+        parts += [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"torch.{self.kind}({', '.join(parts)})"
+
+    def __call__(self, index: int, codegen: Any) -> None:
+        """Native call shape: emit the construction (only if native code asks us to)."""
+        cls = torch.Stream if self.kind == "Stream" else torch.Event
+        probe = cls(*self.args, **self.kwargs)
+        emitters.from_factory(factories.factory_for(probe, self.args, self.kwargs))(codegen)
+
+
+def make_construct_in_graph_stream_fn(args: Any, kwargs: Any) -> ConstructSpec:
+    return ConstructSpec("Stream", args, kwargs)
+
+
+def make_construct_in_graph_event_fn(args: Any, kwargs: Any) -> ConstructSpec:
+    return ConstructSpec("Event", args, kwargs)
+
+
+def register_graph_created_object(example_value: Any, construct_fn: Any) -> int:
+    """An object the user's function creates: rebuilt fresh on every call, as eager does."""
+    table = current_table()
+    if isinstance(construct_fn, ConstructSpec):
+        factory = factories.factory_for(example_value, construct_fn.args, construct_fn.kwargs)
+        return table.add(
+            EntryKind.GRAPH_CREATED,
+            f"{construct_fn.text()} in the function",
+            emitters.from_factory(factory),
+            example_value,
+        )
+    # A native construction path we do not know: emit its own bytecode unchanged.
+    log.warning(
+        "torch_userstreams: unknown construction of %r in graph %s; using Dynamo's own "
+        "bytecode for it (its objects are kept alive by native's keep_alive list)",
+        example_value,
+        table.graph_name,
+    )
+    index = len(table)
+
+    def emit(cg: Any) -> None:
+        construct_fn(index, cg)
+
+    return table.add(
+        EntryKind.GRAPH_CREATED, f"{type(example_value).__name__} (native constructor)",
+        emit, example_value,
+    )
+
+
+def new_stream(*args: Any, **kwargs: Any) -> int:
+    """Replacement for Dynamo's ``new_stream`` (called by passes while compiling)."""
+    return api.new_stream(*args, **kwargs)
+
+
+def new_event(*args: Any, **kwargs: Any) -> int:
+    """Replacement for Dynamo's ``new_event`` (AOTAutograd's backward syncs call it)."""
+    return api.new_event(*args, **kwargs)
+
+
+def get_current_stream(device: torch.device) -> int:
+    return api.native_get_current_stream(device)
+
+
+def reset_user_object_tracking() -> None:
+    """Dynamo starts a frame compile: native tables reset as before; our staging too."""
+    reset_staging()
+    NATIVE["reset_user_object_tracking"]()
+
+
+def store_user_object_weakrefs(*args: Any) -> None:
+    """A native prologue (graph compiled before install) runs: hand lookups back to it."""
+    runtime.forget_last_binding()
+    NATIVE["store_user_object_weakrefs"](*args)
+
+
+def has_user_objects() -> bool:
+    """Seen by ``OutputGraph``: False, so native emits no prologue of its own.
+
+    Our registrations never reach native's tables; if something did, the graph's hook
+    reports it instead of emitting a stale native prologue.
+    """
+    return False

@@ -1,0 +1,49 @@
+"""How the prologue builds a graph's own objects on each call.
+
+Each graph-created or requested entry gets a zero-argument factory made once at compile
+time (a ``functools.partial`` of the constructor with the exact arguments recorded then),
+so the per-call cost is one call. Native Dynamo rebuilds backend-requested objects with no
+arguments at all, which loses their device and flags; we keep them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .simulator import SimEvent, SimStream
+
+
+def _device_type(example: Any) -> str:
+    device = getattr(example, "device", None)
+    return getattr(device, "type", "") if device is not None else ""
+
+
+def stream_class(example: Any) -> type[torch.Stream]:
+    """CPU streams are simulated (CPU has no real stream syncs); others are real."""
+    return SimStream if _device_type(example) == "cpu" else torch.Stream
+
+
+def event_class(example: Any) -> type[torch.Event]:
+    """CPU events are simulated (native CPU events cannot record); others are real."""
+    return SimEvent if _device_type(example) == "cpu" else torch.Event
+
+
+def factory_for(example: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """A zero-argument constructor that rebuilds an object like ``example`` each call."""
+    if isinstance(example, torch.Stream):
+        cls: type = stream_class(example)
+    elif isinstance(example, torch.Event):
+        cls = event_class(example)
+    else:
+        cls = type(example)
+    return functools.partial(cls, *args, **kwargs)
+
+
+def build_now(example_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Build the compile-time example with the class the prologue will use at run time."""
+    probe = example_cls(*args, **kwargs)
+    return factory_for(probe, args, kwargs)()

@@ -1,0 +1,87 @@
+"""Every torch internal we patch, per supported torch minor version, in one place.
+
+Each ``PatchPoint`` names where the native object lives, what we expect there (its
+parameter names) and what replaces it. ``aliases=True`` means modules imported the object
+by value (``from x import f``); ``patching`` finds those copies by identity and patches
+them too. ``tests/golden/`` freezes the signature of each point per version, so an upstream
+change shows up as one failing test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_MINORS = ("2.11", "2.12", "2.13", "2.14", "2.15")
+SUPPORTED_RANGE = ">=2.11,<2.16"
+
+GBI = "torch._dynamo.graph_bytecode_inputs"
+STREAMS = "torch._dynamo.variables.streams"
+OUTPUT_GRAPH = "torch._dynamo.output_graph"
+
+
+@dataclass(frozen=True)
+class PatchPoint:
+    """One attribute we replace: ``module.qualname`` (``qualname`` may be ``Class.attr``)."""
+
+    module: str
+    qualname: str
+    replacement: str  # dotted path inside torch_userstreams, resolved at install
+    params: tuple[str, ...]  # parameter names we expect the native object to take
+    aliases: bool = True
+    static: bool = False  # a staticmethod in a class: restore the descriptor itself
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+
+_COMMON = (
+    PatchPoint(GBI, "register_user_object", "dynamo_shims.register_user_object",
+               ("value", "source")),
+    PatchPoint(GBI, "register_graph_created_object",
+               "dynamo_shims.register_graph_created_object", ("example_value", "construct_fn")),
+    PatchPoint(GBI, "get_external_object_by_index", "runtime.lookup", ("index",)),
+    PatchPoint(GBI, "reset_user_object_tracking", "dynamo_shims.reset_user_object_tracking", ()),
+    PatchPoint(GBI, "store_user_object_weakrefs", "dynamo_shims.store_user_object_weakrefs",
+               ("args",)),
+    PatchPoint(GBI, "has_user_objects", "dynamo_shims.has_user_objects", ()),
+    PatchPoint(STREAMS, "new_event", "dynamo_shims.new_event", ("args", "kwargs")),
+    PatchPoint(STREAMS, "new_stream", "dynamo_shims.new_stream", ("args", "kwargs")),
+    PatchPoint(STREAMS, "get_current_stream", "dynamo_shims.get_current_stream", ("device",)),
+    PatchPoint(STREAMS, "StreamVariable.make_construct_in_graph_stream_fn",
+               "dynamo_shims.make_construct_in_graph_stream_fn", ("args", "kwargs"),
+               aliases=False, static=True),
+    PatchPoint(STREAMS, "EventVariable.make_construct_in_graph_event_fn",
+               "dynamo_shims.make_construct_in_graph_event_fn", ("args", "kwargs"),
+               aliases=False, static=True),
+    PatchPoint(OUTPUT_GRAPH, "OutputGraph.compile_and_call_fx_graph",
+               "output_graph_hook.wrap", ("self", "tx", "rv", "root"), aliases=False),
+)
+
+# Modules that hold by-value aliases but are imported lazily by torch: imported before the
+# identity scan so that no copy is missed.
+_LAZY_MODULES = (
+    "torch._dynamo.variables.builder",
+    "torch._dynamo.variables.user_defined",
+    "torch._dynamo.variables.streams",
+    "torch._dynamo.output_graph",
+    "torch._dynamo.convert_frame",
+    "torch._functorch._aot_autograd.streams",
+    "torch._functorch._aot_autograd.graph_capture",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._higher_order_ops.invoke_leaf_function",
+    "torch._inductor.cudagraph_trees",
+    "torch._inductor.codegen.wrapper",
+)
+
+POINTS: dict[str, tuple[PatchPoint, ...]] = {minor: _COMMON for minor in SUPPORTED_MINORS}
+LAZY_MODULES: dict[str, tuple[str, ...]] = {
+    minor: _LAZY_MODULES for minor in SUPPORTED_MINORS
+}
+LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")
+
+
+def minor_of(version: str) -> str:
+    """``"2.13.0+cpu"`` -> ``"2.13"``."""
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2])

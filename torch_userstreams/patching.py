@@ -1,0 +1,209 @@
+"""Install and uninstall the patches: all-or-nothing, idempotent, thread-safe, exact undo.
+
+``install()`` first resolves and checks every patch point of the running torch version and
+finds every by-value alias; only when all of that succeeded does it write anything. Each
+write is recorded as (owner, attribute, original raw value), so ``uninstall()`` restores
+the identical objects, staticmethod descriptors included.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import dynamo_shims, runtime
+from .errors import PatchPointError, UnsupportedTorchError
+from .patch_points import LAZY_MODULES, POINTS, SUPPORTED_MINORS, SUPPORTED_RANGE, PatchPoint
+from .patch_points import minor_of
+
+_PRERELEASE = re.compile(r"(dev|a\d|b\d|rc\d|git)")
+_PACKAGE = __name__.rsplit(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attribute slot we overwrite."""
+
+    owner: Any  # a module or a class
+    attr: str
+    original: Any  # the raw value in owner.__dict__ (a staticmethod stays a staticmethod)
+    point: PatchPoint
+
+    @property
+    def where(self) -> str:
+        owner = getattr(self.owner, "__module__", None)
+        name = getattr(self.owner, "__qualname__", None) or self.owner.__name__
+        return f"{owner}.{name}.{self.attr}" if owner and inspect.isclass(self.owner) \
+            else f"{name}.{self.attr}"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    point: PatchPoint
+    owner: Any
+    attr: str
+    raw: Any  # owner.__dict__[attr]
+    native: Any  # the callable behind it
+
+
+_lock = threading.RLock()
+_applied: list[tuple[Site, Any]] = []
+
+
+def supported_minor(version: str | None = None) -> str:
+    """The minor version key of a supported torch, or raise ``UnsupportedTorchError``."""
+    version = version or torch.__version__
+    minor = minor_of(version)
+    public = version.split("+")[0]
+    if minor not in SUPPORTED_MINORS or _PRERELEASE.search(public):
+        raise UnsupportedTorchError(
+            f"torch_userstreams supports torch {SUPPORTED_RANGE} releases "
+            f"({', '.join(SUPPORTED_MINORS)}); this is torch {version}. Nothing was patched. "
+            "Install a supported release (for example `pip install torch==2.13.0`) or use "
+            "torch.compile without torch_userstreams."
+        )
+    return minor
+
+
+def _import_lazy_modules(minor: str) -> None:
+    for name in LAZY_MODULES[minor]:
+        importlib.import_module(name)
+
+
+def resolve(point: PatchPoint) -> Resolved:
+    """Find one patch point and check it still looks as we expect."""
+    try:
+        owner: Any = importlib.import_module(point.module)
+    except ImportError as exc:
+        raise _missing(point, f"module {point.module} cannot be imported ({exc})") from exc
+    *path, attr = point.qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise _missing(point, f"{part} is gone from {point.module}")
+    raw = vars(owner).get(attr)
+    if raw is None:
+        raise _missing(point, f"{attr} is gone")
+    native = raw.__func__ if isinstance(raw, staticmethod) else raw
+    if point.static != isinstance(raw, staticmethod) or not callable(native):
+        raise _missing(point, f"it is a {type(raw).__name__}, not the expected function")
+    params = tuple(inspect.signature(native).parameters)
+    if params != point.params:
+        raise _missing(point, f"its parameters are {params}, expected {point.params}")
+    return Resolved(point, owner, attr, raw, native)
+
+
+def _missing(point: PatchPoint, what: str) -> PatchPointError:
+    return PatchPointError(
+        f"torch_userstreams cannot patch torch {torch.__version__}: patch point "
+        f"{point.name} is missing or changed: {what}. Supported torch: {SUPPORTED_RANGE}. "
+        "Nothing was patched. Use a supported torch release, or update "
+        "torch_userstreams/patch_points.py for this version (see CONTRIBUTING.md)."
+    )
+
+
+def _torch_modules() -> Iterator[Any]:
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "torch" or name.startswith("torch.")):
+            yield module
+
+
+def find_aliases(native: Any) -> list[tuple[Any, str]]:
+    """Every (module, attribute) of a loaded torch module that holds ``native`` itself."""
+    found = []
+    for module in _torch_modules():
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        found.extend((module, attr) for attr, value in items if value is native)
+    return found
+
+
+def _replacement_for(resolved: Resolved) -> Any:
+    module_name, func_name = resolved.point.replacement.rsplit(".", 1)
+    module = importlib.import_module(f"{_PACKAGE}.{module_name}")
+    replacement = getattr(module, func_name)
+    if resolved.point.replacement == "output_graph_hook.wrap":
+        return replacement(resolved.native, (runtime.lookup, _native_lookup()))
+    return staticmethod(replacement) if resolved.point.static else replacement
+
+
+def _native_lookup() -> Callable[[int], Any]:
+    from torch._dynamo import graph_bytecode_inputs
+
+    return graph_bytecode_inputs.get_external_object_by_index
+
+
+def plan(minor: str) -> list[tuple[Site, Any]]:
+    """Every (site, new value) to write, computed without writing anything."""
+    _import_lazy_modules(minor)
+    writes: list[tuple[Site, Any]] = []
+    for point in POINTS[minor]:
+        resolved = resolve(point)
+        new = _replacement_for(resolved)
+        writes.append((Site(resolved.owner, resolved.attr, resolved.raw, point), new))
+        if point.aliases:
+            for module, attr in find_aliases(resolved.native):
+                if module is resolved.owner and attr == resolved.attr:
+                    continue
+                writes.append((Site(module, attr, vars(module)[attr], point), new))
+    return writes
+
+
+def _record_natives(writes: list[tuple[Site, Any]]) -> None:
+    dynamo_shims.NATIVE.clear()
+    for site, _ in writes:
+        if site.point.module.endswith("graph_bytecode_inputs"):
+            dynamo_shims.NATIVE.setdefault(site.point.qualname, site.original)
+    runtime.set_native_lookup(dynamo_shims.NATIVE["get_external_object_by_index"])
+
+
+def install() -> None:
+    """Patch torch.compile's user-object layer. Idempotent; raises and patches nothing on error."""
+    with _lock:
+        if _applied:
+            return
+        minor = supported_minor()
+        writes = plan(minor)
+        _record_natives(writes)
+        done: list[tuple[Site, Any]] = []
+        try:
+            for site, new in writes:
+                setattr(site.owner, site.attr, new)
+                done.append((site, new))
+        except BaseException:
+            _restore(done)
+            raise
+        _applied.extend(done)
+
+
+def _restore(done: list[tuple[Site, Any]]) -> None:
+    for site, _ in reversed(done):
+        setattr(site.owner, site.attr, site.original)
+
+
+def uninstall() -> None:
+    """Restore every patched attribute to the identical object it replaced."""
+    with _lock:
+        _restore(_applied)
+        _applied.clear()
+        runtime.set_native_lookup(None)
+
+
+def is_installed() -> bool:
+    return bool(_applied)
+
+
+def applied_sites() -> list[tuple[Site, Any]]:
+    """The writes currently in effect (for tests and ``doctor``)."""
+    with _lock:
+        return list(_applied)

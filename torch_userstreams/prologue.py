@@ -1,0 +1,91 @@
+"""Generate a graph's prologue: bytecode that binds one call's user objects.
+
+Emitted once per graph, *after* the backend returned, so objects the backend requested
+while compiling are in it. Shape (one call, then one ``POP_TOP``)::
+
+    __userstreams_bind(<object 0>, <object 1>, ...)
+
+where ``__userstreams_bind`` is the graph's ``BoundGraph.bind``. A graph whose table is
+empty gets no prologue at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from . import emitters
+from .runtime import BoundGraph
+from .table import EntryKind, UserObjectTable
+
+BIND_GLOBAL = "__userstreams_bind"
+STREAM_OPS_NAMESPACE = "streams"
+
+
+def _int_args(node: Any) -> list[int]:
+    return [a for a in node.args if type(a) is int]
+
+
+def referenced_indices(graph: Any, lookup_targets: tuple[Any, ...]) -> set[int]:
+    """Table indices an FX graph reads: lookup nodes, ``streams::*`` ops, stream annotations."""
+    used: set[int] = set()
+    for node in graph.nodes:
+        custom = node.meta.get("custom")
+        if isinstance(custom, dict) and type(custom.get("stream")) is int:
+            used.add(custom["stream"])
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if any(target is t for t in lookup_targets):
+            used.update(_int_args(node))
+        elif getattr(target, "namespace", None) == STREAM_OPS_NAMESPACE:
+            used.update(_int_args(node))
+    return used
+
+
+def mark_live(table: UserObjectTable, graph: Any, lookup_targets: tuple[Any, ...]) -> None:
+    """Skip the ambient current stream Dynamo registers for every frame unless it is read."""
+    used: set[int] | None = None
+    for entry in table.entries:
+        if entry.kind is EntryKind.CURRENT_STREAM and not entry.requested:
+            if used is None:
+                used = referenced_indices(graph, lookup_targets)
+            entry.live = entry.index in used
+
+
+def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:
+    """The prologue instructions for ``table``, binding into ``bound``."""
+    from torch._dynamo.bytecode_transformation import create_call_function
+    from torch._dynamo.codegen import PyCodegen
+
+    cg = PyCodegen(output_graph.root_tx)
+    name = output_graph.install_global(BIND_GLOBAL, bound.bind)
+    cg.add_push_null(lambda: cg.append_output(cg.create_load_global(name, add=True)))
+    for entry in table.entries:
+        (entry.emit if entry.live else emitters.placeholder)(cg)
+    cg.extend_output(create_call_function(len(table.entries), False))
+    cg.pop_top()
+    return list(cg.get_instructions())
+
+
+_GENERATED_NAME = re.compile(r"^(__\w+?)(_\d+)+(_c\d+)?$")
+
+
+def _normalize(argval: Any, arg: Any) -> str:
+    if type(argval).__name__ == "type" and argval.__name__ == "_NotProvided":
+        return "" if arg is None else str(arg)
+    if isinstance(argval, str):
+        match = _GENERATED_NAME.match(argval)
+        return match.group(1) if match else argval
+    if argval is None:
+        return ""
+    return repr(argval)
+
+
+def render(instructions: list[Any]) -> str:
+    """A dis-like listing, without offsets, addresses or generated-name suffixes."""
+    lines = []
+    for inst in instructions:
+        arg = _normalize(inst.argval, inst.arg)
+        lines.append(f"{inst.opname} {arg}".rstrip())
+    return "\n".join(lines)

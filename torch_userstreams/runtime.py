@@ -1,0 +1,193 @@
+"""Per-call binding of user objects, and the lookup every compiled graph reads them with.
+
+The prologue of a call builds or loads that call's objects and hands them to the graph's
+``BoundGraph`` (``bind``); the ``BoundGraph`` then runs the compiled function with that
+``Binding`` on top of a thread-local stack, so every ``lookup(i)`` made while it runs — FX
+nodes, ``streams::*`` ops, Inductor's wrapper — resolves against *this* call. Nothing is
+global: a nested compiled call pushes its own binding, another thread has its own stack,
+and a backward pushes the binding of the forward call it differentiates (``backward.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .errors import UserObjectError
+from .table import UserObjectTable
+
+_WEAKREF = weakref.ReferenceType
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Binding] = []
+        # The binding of the last call that returned on this thread: the bytecode right
+        # after a graph call (returning a graph-created stream) still reads it.
+        self.last: Binding | None = None
+        self.pending: Binding | None = None
+
+
+_state = _ThreadState()
+
+
+class Binding:
+    """The objects of one call of one graph, in table order."""
+
+    __slots__ = ("__weakref__", "graph", "objects")
+
+    def __init__(self, graph: BoundGraph, objects: tuple[Any, ...]) -> None:
+        self.graph = graph
+        self.objects: tuple[Any, ...] | list[Any] = objects
+
+    def resolve(self, index: int) -> Any:
+        try:
+            obj = self.objects[index]
+        except (IndexError, TypeError):
+            raise UserObjectError(
+                f"torch_userstreams: graph {self.graph.table.graph_name} has no user object "
+                f"at index {index} (its table has {len(self.objects)} entries). The index was "
+                "registered for another graph; request objects through the compile being run."
+            ) from None
+        if type(obj) is _WEAKREF:
+            obj = obj()
+            if obj is None:
+                self._dead(index)
+        elif obj is None:
+            self._unused(index)
+        return obj
+
+    def weaken_inputs(self) -> None:
+        """Keep only what the call created: inputs stay owned by the user (for backward)."""
+        entries = self.graph.table.entries
+        objects = list(self.objects)
+        for i, entry in enumerate(entries):
+            if not entry.held_strongly and objects[i] is not None:
+                objects[i] = weakref.ref(objects[i])
+        self.objects = objects
+
+    def _dead(self, index: int) -> None:
+        entry = self.graph.table.entries[index]
+        raise UserObjectError(
+            f"torch_userstreams: user object {index} of graph {self.graph.table.graph_name} "
+            f"({entry.kind.value} {entry.example_type}, {entry.origin}) is no longer alive "
+            "when the backward needs it. Keep the stream/event alive until backward() has run."
+        )
+
+    def _unused(self, index: int) -> None:
+        entry = self.graph.table.entries[index]
+        raise UserObjectError(
+            f"torch_userstreams: user object {index} of graph {self.graph.table.graph_name} "
+            f"({entry.origin}) was not loaded by the prologue because no node of the graph "
+            "read it at compile time. A backend that reads it must request it with "
+            "torch_userstreams.current_stream() while compiling."
+        )
+
+
+class BoundGraph:
+    """Wraps a compiled graph that has user objects: binds each call's objects around it."""
+
+    __slots__ = ("__weakref__", "after_forward", "fn", "table")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        table: UserObjectTable,
+        after_forward: Callable[[Binding, Any], None] | None = None,
+    ) -> None:
+        self.fn = fn
+        self.table = table
+        self.after_forward = after_forward
+
+    def bind(self, *objects: Any) -> None:
+        """Called by the prologue, just before the graph call, with this call's objects."""
+        _state.pending = Binding(self, objects)
+
+    def __call__(self, *args: Any) -> Any:
+        state = _state
+        binding = state.pending
+        if binding is None or binding.graph is not self:
+            raise UserObjectError(
+                f"torch_userstreams: graph {self.table.graph_name} was called without its "
+                "prologue binding its user objects. Call the compiled function, not the "
+                "graph stored in the frame's globals."
+            )
+        state.pending = None
+        if not _native_lookup:
+            _feed_native_table(binding)
+        stack = state.stack
+        stack.append(binding)
+        try:
+            out = self.fn(*args)
+        finally:
+            stack.pop()
+        state.last = binding
+        if self.after_forward is not None:
+            self.after_forward(binding, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"BoundGraph({self.table.graph_name}, {len(self.table)} user objects)"
+
+
+NativeLookup = Callable[[int], Any]
+_native_lookup: list[NativeLookup] = []
+
+
+def set_native_lookup(fn: NativeLookup | None) -> None:
+    """Graphs compiled before install() still read native's table through ``lookup``."""
+    _native_lookup.clear()
+    if fn is not None:
+        _native_lookup.append(fn)
+
+
+def _compile_time_table() -> UserObjectTable | None:
+    from .registration import table_if_compiling
+
+    return table_if_compiling()
+
+
+def _feed_native_table(binding: Binding) -> None:
+    """After ``uninstall()`` native ``streams::*`` ops read native's table: fill it too."""
+    from torch._dynamo import graph_bytecode_inputs as native
+
+    native.store_user_object_weakrefs(*(o for o in binding.objects if o is not None))
+
+
+def lookup(index: int) -> Any:
+    """The current call's user object at ``index``; usable as an FX node target."""
+    state = _state
+    stack = state.stack
+    if stack:
+        return stack[-1].resolve(index)
+    compile_table = _compile_time_table()
+    if compile_table is not None:
+        return compile_table.example(index)
+    binding = state.last
+    if binding is not None:
+        return binding.resolve(index)
+    if _native_lookup:
+        return _native_lookup[0](index)
+    raise UserObjectError(
+        f"torch_userstreams.lookup({index}) was called outside any compiled call: user "
+        "objects are only bound while a compiled graph (or its backward) runs."
+    )
+
+
+def forget_last_binding() -> None:
+    """A native prologue ran: native graphs must not read our last binding."""
+    _state.last = None
+
+
+def push(binding: Binding) -> None:
+    _state.stack.append(binding)
+
+
+def pop(binding: Binding) -> None:
+    """Pop ``binding`` (and anything an interrupted backward left above it)."""
+    stack = _state.stack
+    while stack:
+        if stack.pop() is binding:
+            return

@@ -1,0 +1,66 @@
+"""A CPU stream simulator: streams and events whose syncs are recorded, ordered no-ops.
+
+CPU runs every op in program order, so a sync never changes a value there, but native CPU
+events refuse to ``record()`` and CPU streams refuse ``wait_stream``. The prologue builds
+these subclasses for CPU objects so compiled code with syncs runs on CPU, and each object
+keeps a log of the syncs made on it, which tests use to check that a call (and its
+backward) used its own objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class SimStream(torch.Stream):
+    """A ``torch.Stream`` on CPU whose sync methods succeed and are logged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # torch's C type reads the arguments in __new__; only the log is ours.
+        self.log: list[tuple[str, Any]] = []
+
+    def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
+        self.log.append(("wait_stream", stream))
+
+    def wait_event(self, event: torch.Event) -> None:  # type: ignore[override]
+        self.log.append(("wait_event", event))
+        if isinstance(event, SimEvent):
+            event.log.append(("waited_by", self))
+
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:  # type: ignore[override]
+        event = SimEvent(device="cpu") if event is None else event
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", None))
+
+
+class SimEvent(torch.Event):
+    """A ``torch.Event`` on CPU whose record and wait succeed and are logged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # torch's C type reads the arguments in __new__; only the log is ours.
+        self.log: list[tuple[str, Any]] = []
+
+    def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
+        self.log.append(("record", stream))
+
+    def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
+        self.log.append(("wait", stream))
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", None))
+
+    def query(self) -> bool:
+        return True
+
+    @property
+    def recorded(self) -> bool:
+        return any(kind == "record" for kind, _ in self.log)
+
+    @property
+    def waited(self) -> bool:
+        return any(kind in ("wait", "waited_by") for kind, _ in self.log)
