@@ -1,0 +1,24 @@
+"""Test helpers shared by several test modules."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+
+def live_user_objects() -> int:
+    """How many torch.Stream/torch.Event objects are alive (reachable from tracked objects).
+
+    Plain torch.Stream objects are not tracked by the gc, so count the referents of every
+    tracked object, by identity.
+    """
+    gc.collect()
+    seen: set[int] = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, (torch.Stream, torch.Event)):
+            seen.add(id(obj))
+        for ref in gc.get_referents(obj):
+            if isinstance(ref, (torch.Stream, torch.Event)):
+                seen.add(id(ref))
+    return len(seen)
