@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import api, emitters, factories, runtime
+from . import api, emitters, factories
 from .registration import current_table, reset_staging
 from .table import EntryKind
 
@@ -120,12 +120,6 @@ def reset_user_object_tracking() -> None:
     """Dynamo starts a frame compile: native tables reset as before; our staging too."""
     reset_staging()
     NATIVE["reset_user_object_tracking"]()
-
-
-def store_user_object_weakrefs(*args: Any) -> None:
-    """A native prologue (graph compiled before install) runs: hand lookups back to it."""
-    runtime.forget_last_binding()
-    NATIVE["store_user_object_weakrefs"](*args)
 
 
 def has_user_objects() -> bool:

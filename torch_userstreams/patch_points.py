@@ -29,6 +29,7 @@ class PatchPoint:
     params: tuple[str, ...]  # parameter names we expect the native object to take
     aliases: bool = True
     static: bool = False  # a staticmethod in a class: restore the descriptor itself
+    wraps: bool = False  # the replacement is a factory called with the native object
 
     @property
     def name(self) -> str:
@@ -42,8 +43,6 @@ _COMMON = (
                "dynamo_shims.register_graph_created_object", ("example_value", "construct_fn")),
     PatchPoint(GBI, "get_external_object_by_index", "runtime.lookup", ("index",)),
     PatchPoint(GBI, "reset_user_object_tracking", "dynamo_shims.reset_user_object_tracking", ()),
-    PatchPoint(GBI, "store_user_object_weakrefs", "dynamo_shims.store_user_object_weakrefs",
-               ("args",)),
     PatchPoint(GBI, "has_user_objects", "dynamo_shims.has_user_objects", ()),
     PatchPoint(STREAMS, "new_event", "dynamo_shims.new_event", ("args", "kwargs")),
     PatchPoint(STREAMS, "new_stream", "dynamo_shims.new_stream", ("args", "kwargs")),
@@ -54,8 +53,13 @@ _COMMON = (
     PatchPoint(STREAMS, "EventVariable.make_construct_in_graph_event_fn",
                "dynamo_shims.make_construct_in_graph_event_fn", ("args", "kwargs"),
                aliases=False, static=True),
+    PatchPoint(STREAMS, "StreamVariable.reconstruct", "epilogue.wrap_reconstruct",
+               ("self", "codegen"), aliases=False, wraps=True),
+    PatchPoint(STREAMS, "EventVariable.reconstruct", "epilogue.wrap_reconstruct",
+               ("self", "codegen"), aliases=False, wraps=True),
     PatchPoint(OUTPUT_GRAPH, "OutputGraph.compile_and_call_fx_graph",
-               "output_graph_hook.wrap", ("self", "tx", "rv", "root"), aliases=False),
+               "output_graph_hook.wrap", ("self", "tx", "rv", "root"), aliases=False,
+               wraps=True),
 )
 
 # Modules that hold by-value aliases but are imported lazily by torch: imported before the

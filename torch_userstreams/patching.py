@@ -73,7 +73,8 @@ def supported_minor(version: str | None = None) -> str:
     return minor
 
 
-def _import_lazy_modules(minor: str) -> None:
+def import_lazy_modules(minor: str) -> None:
+    """Import the modules torch loads lazily, so an identity scan sees every alias."""
     for name in LAZY_MODULES[minor]:
         importlib.import_module(name)
 
@@ -134,6 +135,8 @@ def _replacement_for(resolved: Resolved) -> Any:
     replacement = getattr(module, func_name)
     if resolved.point.replacement == "output_graph_hook.wrap":
         return replacement(resolved.native, (runtime.lookup, _native_lookup()))
+    if resolved.point.wraps:
+        return replacement(resolved.native)
     return staticmethod(replacement) if resolved.point.static else replacement
 
 
@@ -145,7 +148,7 @@ def _native_lookup() -> Callable[[int], Any]:
 
 def plan(minor: str) -> list[tuple[Site, Any]]:
     """Every (site, new value) to write, computed without writing anything."""
-    _import_lazy_modules(minor)
+    import_lazy_modules(minor)
     writes: list[tuple[Site, Any]] = []
     for point in POINTS[minor]:
         resolved = resolve(point)

@@ -165,9 +165,6 @@ def lookup(index: int) -> Any:
     compile_table = _compile_time_table()
     if compile_table is not None:
         return compile_table.example(index)
-    binding = state.last
-    if binding is not None:
-        return binding.resolve(index)
     if _native_lookup:
         return _native_lookup[0](index)
     raise UserObjectError(
@@ -176,9 +173,19 @@ def lookup(index: int) -> Any:
     )
 
 
-def forget_last_binding() -> None:
-    """A native prologue ran: native graphs must not read our last binding."""
-    _state.last = None
+def returned_object(index: int) -> Any:
+    """The object at ``index`` of the call that just returned on this thread.
+
+    The bytecode right after a graph call uses this to return a stream or event the graph
+    created (``return y, torch.Stream(...)``); ``lookup`` only serves running calls.
+    """
+    binding = _state.last
+    if binding is None:
+        raise UserObjectError(
+            f"torch_userstreams: no compiled call has returned on this thread, so user "
+            f"object {index} cannot be returned from it."
+        )
+    return binding.resolve(index)
 
 
 def push(binding: Binding) -> None:
