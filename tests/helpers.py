@@ -14,11 +14,12 @@ def live_user_objects() -> int:
     tracked object, by identity.
     """
     gc.collect()
+    kinds = (torch.Stream, torch.Event)
     seen: set[int] = set()
     for obj in gc.get_objects():
-        if isinstance(obj, (torch.Stream, torch.Event)):
+        if issubclass(type(obj), kinds):
             seen.add(id(obj))
         for ref in gc.get_referents(obj):
-            if isinstance(ref, (torch.Stream, torch.Event)):
+            if issubclass(type(ref), kinds):
                 seen.add(id(ref))
     return len(seen)

@@ -26,17 +26,27 @@ def probe(*objects: Any) -> None:
     seen().append(objects)
 
 
-torch.fx.wrap("probe")
+def _is_lookup(target: Any) -> bool:
+    """Ours, or native Dynamo's (for graphs compiled without the package)."""
+    return target is torch_userstreams.lookup or (
+        getattr(target, "__module__", "") == "torch._dynamo.graph_bytecode_inputs"
+        and getattr(target, "__name__", "") == "get_external_object_by_index"
+    )
 
 
 def insert_probe(gm: torch.fx.GraphModule, indices: list[int]) -> None:
-    """Insert ``probe(lookup(i) for i in indices)`` right after the inputs."""
+    """Insert ``probe(lookup(i) for i in indices)`` right after the inputs.
+
+    The lookups use the graph's own lookup function (native's in a native graph).
+    """
     graph = gm.graph
+    own = [n.target for n in graph.nodes if n.op == "call_function" and _is_lookup(n.target)]
+    lookup = own[0] if own else torch_userstreams.lookup
     anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
     lookups = []
     for index in indices:
         with graph.inserting_after(anchor):
-            anchor = graph.call_function(torch_userstreams.lookup, (index,))
+            anchor = graph.call_function(lookup, (index,))
         lookups.append(anchor)
     with graph.inserting_after(anchor):
         graph.call_function(probe, tuple(lookups))
@@ -59,6 +69,5 @@ def requesting_backend(
 def stream_input_indices(gm: torch.fx.GraphModule) -> list[int]:
     """Indices Dynamo registered for the graph's user objects (its lookup nodes)."""
     return [
-        n.args[0] for n in gm.graph.nodes
-        if n.op == "call_function" and n.target is torch_userstreams.lookup
+        n.args[0] for n in gm.graph.nodes if n.op == "call_function" and _is_lookup(n.target)
     ]

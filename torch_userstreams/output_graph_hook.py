@@ -60,7 +60,10 @@ def _check_native_tables_empty(table: UserObjectTable) -> None:
 def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_targets: tuple) -> Any:
     """Wrap the compiled function and prepend the prologue, if the graph has objects."""
     _check_native_tables_empty(table)
-    table.release_examples()
+    if getattr(output_graph, "export", False):
+        runtime.set_exported(table)  # keeps its examples for export's re-trace
+    else:
+        table.release_examples()
     prologue.mark_live(table, output_graph.graph, lookup_targets)
     if not table:
         return result

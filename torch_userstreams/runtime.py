@@ -28,6 +28,9 @@ class _ThreadState(threading.local):
         # after a graph call (returning a graph-created stream) still reads it.
         self.last: Binding | None = None
         self.pending: Binding | None = None
+        # Strict torch.export re-runs the last exported graph after Dynamo's compile has
+        # closed, outside any call: its lookups resolve to that graph's example objects.
+        self.exported: UserObjectTable | None = None
 
 
 _state = _ThreadState()
@@ -165,6 +168,9 @@ def lookup(index: int) -> Any:
     compile_table = _compile_time_table()
     if compile_table is not None:
         return compile_table.example(index)
+    exported = state.exported
+    if exported is not None:
+        return exported.example(index)
     if _native_lookup:
         return _native_lookup[0](index)
     raise UserObjectError(
@@ -186,6 +192,10 @@ def returned_object(index: int) -> Any:
             f"object {index} cannot be returned from it."
         )
     return binding.resolve(index)
+
+
+def set_exported(table: UserObjectTable | None) -> None:
+    _state.exported = table
 
 
 def push(binding: Binding) -> None:
