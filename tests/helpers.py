@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import threading
+from collections.abc import Callable
 
 import torch
 
@@ -23,3 +25,12 @@ def live_user_objects() -> int:
             if issubclass(type(ref), kinds):
                 seen.add(id(ref))
     return len(seen)
+
+
+def run_threads(worker: Callable[[int], None], count: int) -> None:
+    """Run ``worker(i)`` on ``count`` threads at once and wait for all of them."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

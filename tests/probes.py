@@ -26,6 +26,11 @@ def probe(*objects: Any) -> None:
     seen().append(objects)
 
 
+def node_of(graph: torch.fx.Graph, op: str) -> torch.fx.Node:
+    """The first node of kind ``op`` ("placeholder", "output", ...)."""
+    return next(n for n in graph.nodes if n.op == op)
+
+
 def _is_lookup(target: Any) -> bool:
     """Ours, or native Dynamo's (for graphs compiled without the package)."""
     return target is torch_userstreams.lookup or (
@@ -68,6 +73,4 @@ def requesting_backend(
 
 def stream_input_indices(gm: torch.fx.GraphModule) -> list[int]:
     """Indices Dynamo registered for the graph's user objects (its lookup nodes)."""
-    return [
-        n.args[0] for n in gm.graph.nodes if n.op == "call_function" and _is_lookup(n.target)
-    ]
+    return [n.args[0] for n in gm.graph.nodes if n.op == "call_function" and _is_lookup(n.target)]

@@ -54,9 +54,10 @@ def test_requested_event_keeps_its_flags() -> None:
     captured.append(event)
     # The flag is visible through the event's construction arguments on every build.
     assert event.device == torch.device("cpu")
-    assert "enable_timing=True" in torch_userstreams.explain(
-        add_one, torch.ones(1), backend=backend
-    ).tables[0].describe()
+    assert (
+        "enable_timing=True"
+        in torch_userstreams.explain(add_one, torch.ones(1), backend=backend).tables[0].describe()
+    )
 
 
 def test_input_stream_is_the_very_object_passed() -> None:
@@ -76,7 +77,7 @@ def test_input_stream_is_the_very_object_passed() -> None:
     for stream in streams:
         compiled(torch.ones(2), stream)
     assert [call[0] for call in seen()] == streams
-    assert all(got is want for (got,), want in zip(seen(), streams))
+    assert all(got is want for (got,), want in zip(seen(), streams, strict=True))
 
 
 def test_compile_time_api_outside_a_compile_raises() -> None:

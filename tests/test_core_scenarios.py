@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import torch
 import torch.fx
-from helpers import live_user_objects
-from probes import insert_probe, seen, stream_input_indices
+from helpers import live_user_objects, run_threads
+from probes import insert_probe, node_of, probe, seen, stream_input_indices
 
 import torch_userstreams
 from torch_userstreams.simulator import SimEvent, SimStream
@@ -80,22 +79,20 @@ def test_live_objects_stay_bounded_over_10000_calls() -> None:
 @pytest.mark.usefixtures("installed")
 def test_threads_each_see_their_own_objects() -> None:
     mismatches: list[tuple[object, object, object]] = []
-    lock = threading.Lock()
+    streams = [SimStream(device="cpu") for _ in range(8)]
 
     def check_twice(index: int, expected_tag: torch.Tensor) -> None:
         first = torch_userstreams.lookup(index)
         time.sleep(0.0002)
         second = torch_userstreams.lookup(index)
-        want = STREAMS[int(expected_tag.item())]
+        want = streams[int(expected_tag.item())]
         if not (first is second is want):
-            with lock:
-                mismatches.append((first, second, want))
+            mismatches.append((first, second, want))  # list.append is atomic
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
         (index,) = stream_input_indices(gm)
         graph = gm.graph
-        tag = [n for n in graph.nodes if n.op == "placeholder"][0]
-        output = [n for n in graph.nodes if n.op == "output"][0]
+        tag, output = node_of(graph, "placeholder"), node_of(graph, "output")
         with graph.inserting_before(output):
             graph.call_function(check_twice, (index, tag))
         gm.recompile()
@@ -110,20 +107,15 @@ def test_threads_each_see_their_own_objects() -> None:
             return tag * 3
 
     compiled = [torch.compile(first, backend=backend), torch.compile(second, backend=backend)]
-    STREAMS = [SimStream(device="cpu") for _ in range(8)]
     for fn in compiled:  # compile once, before the race
-        fn(torch.tensor(0.0), STREAMS[0])
+        fn(torch.tensor(0.0), streams[0])
 
     def worker(tid: int) -> None:
         for i in range(300):
             slot = 2 * tid + (i % 2)
-            compiled[i % 2](torch.tensor(float(slot)), STREAMS[slot])
+            compiled[i % 2](torch.tensor(float(slot)), streams[slot])
 
-    threads = [threading.Thread(target=worker, args=(tid,)) for tid in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(worker, 4)
     assert mismatches == []
 
 
@@ -144,12 +136,11 @@ def test_nested_compiled_call_does_not_clobber_the_outer_binding() -> None:
         indices = stream_input_indices(gm)
         insert_probe(gm, indices)  # before the nested call
         graph = gm.graph
-        output = [n for n in graph.nodes if n.op == "output"][0]
-        x = [n for n in graph.nodes if n.op == "placeholder"][0]
+        output, x = node_of(graph, "output"), node_of(graph, "placeholder")
         with graph.inserting_before(output):
             graph.call_function(call_inner, (x,))
             lookups = [graph.call_function(torch_userstreams.lookup, (i,)) for i in indices]
-            graph.call_function(__import__("probes").probe, tuple(lookups))
+            graph.call_function(probe, tuple(lookups))
         gm.recompile()
         return gm
 
@@ -161,8 +152,8 @@ def test_nested_compiled_call_does_not_clobber_the_outer_binding() -> None:
     seen().clear()
     torch.compile(outer, backend=outer_backend)(torch.ones(1), outer_stream)
     calls = [call[0] for call in seen()]
-    assert calls == [outer_stream, inner_stream, outer_stream]
-    assert all(a is b for a, b in zip(calls, [outer_stream, inner_stream, outer_stream]))
+    expected = [outer_stream, inner_stream, outer_stream]
+    assert all(a is b for a, b in zip(calls, expected, strict=True))
 
 
 @pytest.mark.usefixtures("installed")

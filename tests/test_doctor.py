@@ -59,7 +59,9 @@ def test_doctor_names_a_missing_point(
 def test_doctor_as_a_module_exits_0() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "torch_userstreams", "doctor"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK" in result.stdout

@@ -24,8 +24,7 @@ MINOR = minor_of(torch.__version__)
 def snapshot() -> dict[tuple[int, str], Any]:
     """The raw value of every slot install() would write, keyed by (owner id, attribute)."""
     return {
-        (id(site.owner), site.attr): vars(site.owner)[site.attr]
-        for site, _ in patching.plan(MINOR)
+        (id(site.owner), site.attr): vars(site.owner)[site.attr] for site, _ in patching.plan(MINOR)
     }
 
 
@@ -55,8 +54,9 @@ def test_install_then_uninstall_restores_every_attribute_identically() -> None:
 
 
 def test_every_alias_of_a_native_function_is_patched() -> None:
-    natives = {site.point.name: site.original for site, _ in patching.plan(MINOR)
-               if site.point.aliases}
+    natives = {
+        site.point.name: site.original for site, _ in patching.plan(MINOR) if site.point.aliases
+    }
     torch_userstreams.install()
     for name, native in natives.items():
         assert patching.find_aliases(native) == [], f"{name} still reachable natively"
@@ -143,7 +143,7 @@ def test_changed_signature_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo.graph_bytecode_inputs as gbi
 
     monkeypatch.setattr(gbi, "register_user_object", lambda value, source, extra: 0)
-    with pytest.raises(PatchPointError, match="register_user_object.*parameters"):
+    with pytest.raises(PatchPointError, match=r"register_user_object.*parameters"):
         torch_userstreams.install()
     assert not torch_userstreams.is_installed()
 

@@ -18,8 +18,10 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
-    "doctor": ("check this torch: version, accelerator, every patch point (patches nothing)",
-               _doctor),
+    "doctor": (
+        "check this torch: version, accelerator, every patch point (patches nothing)",
+        _doctor,
+    ),
 }
 
 

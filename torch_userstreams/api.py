@@ -109,7 +109,8 @@ def current_stream_entry(table: UserObjectTable, device: torch.device, added_by:
         return entry.index
     if device.type == "cpu":
         # CPU has no stream switching: its current stream is the default CPU stream.
-        factory = functools.partial(factories.stream_class(torch.Stream(device="cpu")), device="cpu")
+        cpu_stream_class = factories.stream_class(torch.Stream(device="cpu"))
+        factory = functools.partial(cpu_stream_class, device="cpu")
         emit, example = emitters.from_factory(factory), factory()
     else:
         emit, example = emitters.current_stream(device), torch.accelerator.current_stream(device)

@@ -39,7 +39,7 @@ def compiled_backward_nodes(out: Any) -> list[Any]:
     seen: set[int] = set()
     frontier = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     for _ in range(_MAX_DEPTH):
-        next_frontier = []
+        next_frontier: list[Any] = []
         for node in frontier:
             if node is None or id(node) in seen:
                 continue

@@ -54,7 +54,8 @@ def check_point(point: PatchPoint) -> PointReport:
     if not point.aliases:
         return PointReport(point, True, "(in place)")
     aliases = [
-        (module, attr) for module, attr in patching.find_aliases(resolved.native)
+        (module, attr)
+        for module, attr in patching.find_aliases(resolved.native)
         if not (module is resolved.owner and attr == resolved.attr)
     ]
     noun = "alias" if len(aliases) == 1 else "aliases"
@@ -101,15 +102,20 @@ def run(out: TextIO) -> int:
     supported = _version_line(out)
     _field(out, "python", platform.python_version())
     _field(out, "accelerator", _accelerator())
-    _field(out, "installed", "yes (results describe the patched state)"
-           if patching.is_installed() else "no")
+    _field(
+        out,
+        "installed",
+        "yes (results describe the patched state)" if patching.is_installed() else "no",
+    )
     # An unsupported release of a known minor (a dev build) still gets its points checked.
     minor = supported or minor_of(torch.__version__)
     if minor in POINTS:
         all_found = _check_points(minor, out)
     else:
-        print(f"no patch points registered for torch {minor} "
-              f"(known: {', '.join(SUPPORTED_MINORS)})", file=out)
+        print(
+            f"no patch points registered for torch {minor} (known: {', '.join(SUPPORTED_MINORS)})",
+            file=out,
+        )
         all_found = False
     ok = supported is not None and all_found
     if ok:

@@ -97,8 +97,10 @@ def register_graph_created_object(example_value: Any, construct_fn: Any) -> int:
         construct_fn(index, cg)
 
     return table.add(
-        EntryKind.GRAPH_CREATED, f"{type(example_value).__name__} (native constructor)",
-        emit, example_value,
+        EntryKind.GRAPH_CREATED,
+        f"{type(example_value).__name__} (native constructor)",
+        emit,
+        example_value,
     )
 
 

@@ -24,9 +24,7 @@ def wrap_reconstruct(native: Callable[[Any, Any], None]) -> Callable[[Any, Any],
             return
         from torch._dynamo.bytecode_transformation import create_call_function
 
-        codegen.add_push_null(
-            lambda: codegen.load_import_from(RUNTIME_MODULE, "returned_object")
-        )
+        codegen.add_push_null(lambda: codegen.load_import_from(RUNTIME_MODULE, "returned_object"))
         codegen.append_output(codegen.create_load_const(index))
         codegen.extend_output(create_call_function(1, False))
 

@@ -37,29 +37,61 @@ class PatchPoint:
 
 
 _COMMON = (
-    PatchPoint(GBI, "register_user_object", "dynamo_shims.register_user_object",
-               ("value", "source")),
-    PatchPoint(GBI, "register_graph_created_object",
-               "dynamo_shims.register_graph_created_object", ("example_value", "construct_fn")),
+    PatchPoint(
+        GBI, "register_user_object", "dynamo_shims.register_user_object", ("value", "source")
+    ),
+    PatchPoint(
+        GBI,
+        "register_graph_created_object",
+        "dynamo_shims.register_graph_created_object",
+        ("example_value", "construct_fn"),
+    ),
     PatchPoint(GBI, "get_external_object_by_index", "runtime.lookup", ("index",)),
     PatchPoint(GBI, "reset_user_object_tracking", "dynamo_shims.reset_user_object_tracking", ()),
     PatchPoint(GBI, "has_user_objects", "dynamo_shims.has_user_objects", ()),
     PatchPoint(STREAMS, "new_event", "dynamo_shims.new_event", ("args", "kwargs")),
     PatchPoint(STREAMS, "new_stream", "dynamo_shims.new_stream", ("args", "kwargs")),
     PatchPoint(STREAMS, "get_current_stream", "dynamo_shims.get_current_stream", ("device",)),
-    PatchPoint(STREAMS, "StreamVariable.make_construct_in_graph_stream_fn",
-               "dynamo_shims.make_construct_in_graph_stream_fn", ("args", "kwargs"),
-               aliases=False, static=True),
-    PatchPoint(STREAMS, "EventVariable.make_construct_in_graph_event_fn",
-               "dynamo_shims.make_construct_in_graph_event_fn", ("args", "kwargs"),
-               aliases=False, static=True),
-    PatchPoint(STREAMS, "StreamVariable.reconstruct", "epilogue.wrap_reconstruct",
-               ("self", "codegen"), aliases=False, wraps=True),
-    PatchPoint(STREAMS, "EventVariable.reconstruct", "epilogue.wrap_reconstruct",
-               ("self", "codegen"), aliases=False, wraps=True),
-    PatchPoint(OUTPUT_GRAPH, "OutputGraph.compile_and_call_fx_graph",
-               "output_graph_hook.wrap", ("self", "tx", "rv", "root"), aliases=False,
-               wraps=True),
+    PatchPoint(
+        STREAMS,
+        "StreamVariable.make_construct_in_graph_stream_fn",
+        "dynamo_shims.make_construct_in_graph_stream_fn",
+        ("args", "kwargs"),
+        aliases=False,
+        static=True,
+    ),
+    PatchPoint(
+        STREAMS,
+        "EventVariable.make_construct_in_graph_event_fn",
+        "dynamo_shims.make_construct_in_graph_event_fn",
+        ("args", "kwargs"),
+        aliases=False,
+        static=True,
+    ),
+    PatchPoint(
+        STREAMS,
+        "StreamVariable.reconstruct",
+        "epilogue.wrap_reconstruct",
+        ("self", "codegen"),
+        aliases=False,
+        wraps=True,
+    ),
+    PatchPoint(
+        STREAMS,
+        "EventVariable.reconstruct",
+        "epilogue.wrap_reconstruct",
+        ("self", "codegen"),
+        aliases=False,
+        wraps=True,
+    ),
+    PatchPoint(
+        OUTPUT_GRAPH,
+        "OutputGraph.compile_and_call_fx_graph",
+        "output_graph_hook.wrap",
+        ("self", "tx", "rv", "root"),
+        aliases=False,
+        wraps=True,
+    ),
 )
 
 # Modules that hold by-value aliases but are imported lazily by torch: imported before the
@@ -79,9 +111,7 @@ _LAZY_MODULES = (
 )
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {minor: _COMMON for minor in SUPPORTED_MINORS}
-LAZY_MODULES: dict[str, tuple[str, ...]] = {
-    minor: _LAZY_MODULES for minor in SUPPORTED_MINORS
-}
+LAZY_MODULES: dict[str, tuple[str, ...]] = {minor: _LAZY_MODULES for minor in SUPPORTED_MINORS}
 LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")
 
 

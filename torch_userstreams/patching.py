@@ -21,8 +21,14 @@ import torch
 
 from . import dynamo_shims, runtime
 from .errors import PatchPointError, UnsupportedTorchError
-from .patch_points import LAZY_MODULES, POINTS, SUPPORTED_MINORS, SUPPORTED_RANGE, PatchPoint
-from .patch_points import minor_of
+from .patch_points import (
+    LAZY_MODULES,
+    POINTS,
+    SUPPORTED_MINORS,
+    SUPPORTED_RANGE,
+    PatchPoint,
+    minor_of,
+)
 
 _PRERELEASE = re.compile(r"(dev|a\d|b\d|rc\d|git)")
 _PACKAGE = __name__.rsplit(".", 1)[0]
@@ -41,8 +47,11 @@ class Site:
     def where(self) -> str:
         owner = getattr(self.owner, "__module__", None)
         name = getattr(self.owner, "__qualname__", None) or self.owner.__name__
-        return f"{owner}.{name}.{self.attr}" if owner and inspect.isclass(self.owner) \
+        return (
+            f"{owner}.{name}.{self.attr}"
+            if owner and inspect.isclass(self.owner)
             else f"{name}.{self.attr}"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,7 +128,7 @@ def _torch_modules() -> Iterator[Any]:
 
 def find_aliases(native: Any) -> list[tuple[Any, str]]:
     """Every (module, attribute) of a loaded torch module that holds ``native`` itself."""
-    found = []
+    found: list[tuple[Any, str]] = []
     for module in _torch_modules():
         try:
             items = list(vars(module).items())

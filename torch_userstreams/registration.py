@@ -129,7 +129,6 @@ def table_if_compiling() -> UserObjectTable | None:
     return None if output is None else table_of(output)
 
 
-
 def explain_sink() -> list[UserObjectTable] | None:
     """Where ``explain()`` collects the tables of the graphs compiled on this thread."""
     return _compile_state.explain_sink

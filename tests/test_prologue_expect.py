@@ -1,0 +1,163 @@
+"""Golden prologues and graphs: what the package emits, frozen as inline expectations.
+
+Regenerate with ``EXPECTTEST_ACCEPT=1 python -m pytest tests/test_prologue_expect.py`` and
+review the diff before committing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import expecttest
+import torch
+import torch.fx
+
+import torch_userstreams
+from torch_userstreams.simulator import SimStream
+
+
+def normalized(text: str) -> str:
+    """Strip addresses, ids and trailing spaces so the text is stable across runs."""
+    text = re.sub(r"0x[0-9a-f]+", "0x…", text)
+    text = re.sub(r"\[\d+/\d+\]", "[n/n]", text)
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def report(fn: Any, *args: Any, backend: Any = "eager") -> str:
+    torch._dynamo.reset()
+    return normalized(str(torch_userstreams.explain(fn, *args, backend=backend)))
+
+
+def uses_input_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        return x + 1
+
+
+def makes_stream(x: torch.Tensor) -> torch.Tensor:
+    side = torch.Stream(device="cpu")
+    with side:
+        return x + 1
+
+
+def makes_event(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    done = torch.Event(device="cpu")
+    done.record(s)
+    return x + 1
+
+
+class TestPrologue(expecttest.TestCase):
+    def setUp(self) -> None:
+        torch_userstreams.install()
+
+    def tearDown(self) -> None:
+        torch_userstreams.uninstall()
+        torch._dynamo.reset()
+
+    def test_stream_input(self) -> None:
+        self.assertExpectedInline(
+            report(uses_input_stream, torch.ones(1), SimStream(device="cpu")),
+            """\
+user objects of graph uses_input_stream [n/n]: 1
+  [0] input          forward  SimStream    L['s']  (added by dynamo)
+prologue:
+  LOAD_GLOBAL __userstreams_bind
+  LOAD_FAST s
+  PRECALL 1
+  CALL 1
+  POP_TOP""",
+        )
+
+    def test_local_stream(self) -> None:
+        self.assertExpectedInline(
+            report(makes_stream, torch.ones(1)),
+            """\
+user objects of graph makes_stream [n/n]: 1
+  [0] graph-created  forward  Stream       torch.Stream(device='cpu') in the function  (added by dynamo)
+prologue:
+  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_factory
+  PRECALL 0
+  CALL 0
+  PRECALL 1
+  CALL 1
+  POP_TOP""",
+        )
+
+    def test_local_event(self) -> None:
+        self.assertExpectedInline(
+            report(makes_event, torch.ones(1), SimStream(device="cpu")),
+            """\
+user objects of graph makes_event [n/n]: 2
+  [0] graph-created  forward  Event        torch.Event(device='cpu') in the function  (added by dynamo)
+  [1] input          forward  SimStream    L['s']  (added by dynamo)
+prologue:
+  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_factory
+  PRECALL 0
+  CALL 0
+  LOAD_FAST s
+  PRECALL 2
+  CALL 2
+  POP_TOP""",
+        )
+
+    def test_current_stream_requested_by_backend(self) -> None:
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            torch_userstreams.current_stream("cpu")
+            return gm
+
+        self.assertExpectedInline(
+            report(lambda x: x + 1, torch.ones(1), backend=backend),
+            """\
+user objects of graph <lambda> [n/n]: 1
+  [0] current-stream forward  SimStream    current stream of cpu  (added by test_prologue_expect.backend)
+prologue:
+  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_factory
+  PRECALL 0
+  CALL 0
+  PRECALL 1
+  CALL 1
+  POP_TOP""",
+        )
+
+    def test_event_requested_by_backend(self) -> None:
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            torch_userstreams.new_event(device="cpu", enable_timing=True)
+            return gm
+
+        self.assertExpectedInline(
+            report(lambda x: x + 1, torch.ones(1), backend=backend),
+            """\
+user objects of graph <lambda> [n/n]: 1
+  [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test_prologue_expect.backend)
+prologue:
+  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_factory
+  PRECALL 0
+  CALL 0
+  PRECALL 1
+  CALL 1
+  POP_TOP""",
+        )
+
+    def test_graph_with_lookup_nodes(self) -> None:
+        graphs: list[str] = []
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            graphs.append(normalized(gm.code.strip()))
+            return gm
+
+        torch.compile(makes_event, backend=backend)(torch.ones(1), SimStream(device="cpu"))
+        self.assertExpectedInline(
+            graphs[0],
+            """\
+def forward(self, L_x_ : torch.Tensor):
+    l_x_ = L_x_
+    lookup = torch_userstreams_runtime_lookup(0);  lookup = None
+    lookup_1 = torch_userstreams_runtime_lookup(1);  lookup_1 = None
+    record_event = torch.ops.streams.record_event(0, 1);  record_event = None
+    add = l_x_ + 1;  l_x_ = None
+    return (add,)""",
+        )
