@@ -54,7 +54,7 @@ def compiled_backward_nodes(out: Any) -> list[Any]:
 
 def attach(binding: runtime.Binding, out: Any) -> None:
     """Make the backward of this call resolve user objects against ``binding``."""
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or not any(t.grad_fn is not None for t in _tensors(out)):
         return
     nodes = compiled_backward_nodes(out)
     if not nodes:

@@ -57,6 +57,19 @@ def _check_native_tables_empty(table: UserObjectTable) -> None:
         )
 
 
+def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, runtime.BoundGraph]:
+    """Wrap the compiled function, keeping Dynamo's ``disable`` outermost.
+
+    Dynamo installs the graph as ``disable(fn)`` so that its frames are never traced; the
+    ``BoundGraph`` goes inside that wrapper, or Dynamo would try to compile our runtime.
+    """
+    from torch._dynamo import disable
+    from torch._dynamo.eval_frame import innermost_fn
+
+    bound = runtime.BoundGraph(innermost_fn(compiled), table, backward.attach)
+    return disable(bound, reason="torch_userstreams: runs a compiled graph"), bound
+
+
 def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_targets: tuple) -> Any:
     """Wrap the compiled function and prepend the prologue, if the graph has objects."""
     _check_native_tables_empty(table)
@@ -70,8 +83,7 @@ def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_target
     _check_no_specializations(output_graph, table)
     instructions = result[0] if isinstance(result, tuple) else result
     name = _compiled_fn_name(instructions)
-    bound = runtime.BoundGraph(output_graph.global_scope[name], table, backward.attach)
-    output_graph.global_scope[name] = bound
+    output_graph.global_scope[name], bound = _bind(output_graph.global_scope[name], table)
     code = prologue.build(output_graph, table, bound)
     table.prologue_listing = prologue.render(code)
     log.debug("%s\nprologue:\n%s", table.describe(), table.prologue_listing)

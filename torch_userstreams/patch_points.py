@@ -17,6 +17,7 @@ SUPPORTED_RANGE = ">=2.11,<2.16"
 GBI = "torch._dynamo.graph_bytecode_inputs"
 STREAMS = "torch._dynamo.variables.streams"
 OUTPUT_GRAPH = "torch._dynamo.output_graph"
+AOT_STREAMS = "torch._functorch._aot_autograd.streams"
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ _COMMON = (
         aliases=False,
         wraps=True,
     ),
+    PatchPoint(AOT_STREAMS, "assign_backward_streams", "passes.assign_backward_streams", ("gm",)),
+    PatchPoint(AOT_STREAMS, "insert_backward_syncs", "passes.insert_backward_syncs", ("gm",)),
+    PatchPoint(AOT_STREAMS, "sync_deallocations", "passes.sync_deallocations", ("gm",)),
     PatchPoint(
         OUTPUT_GRAPH,
         "OutputGraph.compile_and_call_fx_graph",
@@ -110,7 +114,21 @@ _LAZY_MODULES = (
     "torch._inductor.codegen.wrapper",
 )
 
-POINTS: dict[str, tuple[PatchPoint, ...]] = {minor: _COMMON for minor in SUPPORTED_MINORS}
+# 2.13+ wrap sync nodes in control_deps after the stream passes (2.11/2.12 do not).
+_WRAP_SYNCS = PatchPoint(
+    AOT_STREAMS,
+    "wrap_all_sync_nodes_with_control_deps",
+    "passes.wrap_all_sync_nodes_with_control_deps",
+    ("gm",),
+)
+
+POINTS: dict[str, tuple[PatchPoint, ...]] = {
+    "2.11": _COMMON,
+    "2.12": _COMMON,
+    "2.13": (*_COMMON, _WRAP_SYNCS),
+    "2.14": (*_COMMON, _WRAP_SYNCS),
+    "2.15": (*_COMMON, _WRAP_SYNCS),
+}
 LAZY_MODULES: dict[str, tuple[str, ...]] = {minor: _LAZY_MODULES for minor in SUPPORTED_MINORS}
 LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")
 

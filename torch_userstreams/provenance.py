@@ -11,13 +11,19 @@ _BACKWARD_PASSES = frozenset(
     {"insert_backward_syncs", "sync_deallocations", "assign_backward_streams"}
 )
 _OWN_PREFIX = __name__.rsplit(".", 1)[0] + "."
+_OWN_PASSES = _OWN_PREFIX + "passes."
+
+
+def _is_plumbing(module: str) -> bool:
+    """Our own frames, except our passes: they are the requesters worth naming."""
+    return module.startswith(_OWN_PREFIX) and not module.startswith(_OWN_PASSES)
 
 
 def caller() -> tuple[str, Phase]:
     """(``module.function`` of the requester, the phase its request is for)."""
     frame = sys._getframe(1)
     while frame is not None and (
-        frame.f_globals.get("__name__", "").startswith(_OWN_PREFIX)
+        _is_plumbing(frame.f_globals.get("__name__", ""))
         or frame.f_code.co_name in ("new_stream", "new_event", "get_current_stream")
     ):
         frame = frame.f_back  # type: ignore[assignment]

@@ -143,3 +143,8 @@ def collecting_tables() -> Iterator[list[UserObjectTable]]:
         yield sink
     finally:
         _compile_state.explain_sink = previous
+
+
+def is_compiling_with_package() -> bool:
+    """True while our OutputGraph hook runs a backend on this thread."""
+    return bool(_compile_state.compiling)

@@ -208,3 +208,14 @@ def pop(binding: Binding) -> None:
     while stack:
         if stack.pop() is binding:
             return
+
+
+def _never_trace(*functions: Callable[..., Any]) -> None:
+    """The prologue calls these from compiled bytecode: Dynamo must not try to compile them."""
+    from torch._dynamo.eval_frame import skip_code
+
+    for fn in functions:
+        skip_code(fn.__code__)
+
+
+_never_trace(BoundGraph.bind, BoundGraph.__call__, Binding.__init__, returned_object, lookup)

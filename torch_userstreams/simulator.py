@@ -17,9 +17,10 @@ import torch
 class SimStream(torch.Stream):
     """A ``torch.Stream`` on CPU whose sync methods succeed and are logged."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # torch's C type reads the arguments in __new__; only the log is ours.
-        self.log: list[tuple[str, Any]] = []
+    @property
+    def log(self) -> list[tuple[str, Any]]:
+        """The syncs made on this object, oldest first (made on first use: cheap to build)."""
+        return self.__dict__.setdefault("log", [])
 
     def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
         self.log.append(("wait_stream", stream))
@@ -41,9 +42,10 @@ class SimStream(torch.Stream):
 class SimEvent(torch.Event):
     """A ``torch.Event`` on CPU whose record and wait succeed and are logged."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # torch's C type reads the arguments in __new__; only the log is ours.
-        self.log: list[tuple[str, Any]] = []
+    @property
+    def log(self) -> list[tuple[str, Any]]:
+        """The syncs made on this object, oldest first (made on first use: cheap to build)."""
+        return self.__dict__.setdefault("log", [])
 
     def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
         self.log.append(("record", stream))

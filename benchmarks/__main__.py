@@ -1,0 +1,76 @@
+"""``python -m benchmarks [--quick] [--json PATH] [--calls N] [--repeats N]``.
+
+Runs every benchmark, prints one table row per measurement and writes the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch_userstreams
+
+from . import compile_time, cuda, live_objects, overhead
+from .config import Config
+from .results import Row, table, write_json
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results-latest.json"
+
+BENCHMARKS: tuple[tuple[str, Callable[[Config], list[Row]]], ...] = (
+    ("overhead", overhead.run),
+    ("live_objects", live_objects.run),
+    ("compile_time", compile_time.run),
+    ("cuda", cuda.run),
+)
+
+
+def run_all(config: Config) -> list[Row]:
+    """Every benchmark in order; the process is left unpatched whatever happens."""
+    rows: list[Row] = []
+    try:
+        for name, bench in BENCHMARKS:
+            start = time.perf_counter()
+            rows.extend(bench(config))
+            print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        torch_userstreams.uninstall()
+    return rows
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    config = Config.quick() if args.quick else Config()
+    if args.calls is not None:
+        config = dataclasses.replace(config, calls=args.calls)
+    if args.repeats is not None:
+        config = dataclasses.replace(config, repeats=args.repeats, compile_repeats=args.repeats)
+    return config
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write rows")
+    parser.add_argument("--calls", type=int, help="timed calls per sample, live-object calls")
+    parser.add_argument("--repeats", type=int, help="samples per mode (median reported)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    start = time.perf_counter()
+    rows = run_all(config_from(args))
+    print(table(rows))
+    write_json(rows, args.json)
+    missed = [f"{r.benchmark}/{r.case}" for r in rows if r.ok is False]
+    print(f"\n{len(rows)} rows in {time.perf_counter() - start:.1f} s; JSON: {args.json}")
+    if missed:
+        print("targets missed: " + "; ".join(missed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Per-call timing. Imports only torch: the never-installed child process uses it too."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def warm_up(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> None:
+    """Compile and settle caches before timing, so no sample pays for a (re)compile."""
+    for _ in range(max(20, calls // 10)):
+        fn(*args)
+
+
+def per_call_ns(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    calls: int,
+    sync: Callable[[], Any] | None = None,
+) -> float:
+    """Mean ns per call over ``calls`` calls, gc paused so a collection is not billed to fn."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn(*args)
+        if sync is not None:
+            sync()
+        return (time.perf_counter_ns() - start) / calls
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+def ns_to_us(ns: float) -> float:
+    return ns / 1_000.0

@@ -1,0 +1,88 @@
+"""Smoke test: ``python -m benchmarks`` runs end to end at a tiny size, in-process.
+
+It does not check speed (too noisy for CI); it checks that every benchmark produces rows
+of the documented shape, that the live-object count shows the leak natively and not with
+the package, and that the run leaves the process unpatched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torch_userstreams
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CALLS = 50
+ROW_KEYS = {
+    "benchmark",
+    "case",
+    "native",
+    "package",
+    "unit",
+    "ratio",
+    "target",
+    "ok",
+    "skipped",
+    "details",
+    "torch",
+    "python",
+    "machine",
+    "date",
+}
+
+
+@pytest.fixture(scope="module")
+def run_output(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], str]:
+    """(JSON rows, table text) of one tiny run; benchmarks/ is not an installed package."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    entry = importlib.import_module("benchmarks.__main__")
+    path = tmp_path_factory.mktemp("benchmarks") / "results.json"
+    capture = tmp_path_factory.mktemp("stdout") / "stdout.txt"
+    with capture.open("w") as out:
+        stdout, sys.stdout = sys.stdout, out
+        try:
+            code = entry.main(["--calls", str(CALLS), "--repeats", "2", "--json", str(path)])
+        finally:
+            sys.stdout = stdout
+    assert code == 0
+    return json.loads(path.read_text()), capture.read_text()
+
+
+def test_rows_have_the_documented_shape(run_output: tuple[list[dict[str, Any]], str]) -> None:
+    rows, text = run_output
+    assert {row["benchmark"] for row in rows} == {
+        "overhead",
+        "live_objects",
+        "compile_time",
+        "cuda",
+    }
+    for row in rows:
+        assert set(row) == ROW_KEYS, row["case"]
+        if row["benchmark"] != "cuda":
+            # Differences of medians can dip below zero at this tiny size: only check shape.
+            assert isinstance(row["native"], (int, float)), row["case"]
+            assert "error" not in row["details"], row["details"]
+    header = next(line for line in text.splitlines() if line.startswith("benchmark"))
+    assert header.split() == ["benchmark", "case", "native", "package", "ratio/target"]
+
+
+def test_live_objects_grow_natively_and_not_with_the_package(
+    run_output: tuple[list[dict[str, Any]], str],
+) -> None:
+    rows, _ = run_output
+    (growth,) = (r for r in rows if r["benchmark"] == "live_objects" and r["unit"] == "objects")
+    assert growth["details"]["calls"] == CALLS
+    assert growth["native"] == 2 * CALLS
+    assert growth["package"] == 0
+    assert growth["ok"] is True
+
+
+def test_run_leaves_the_process_unpatched(run_output: tuple[list[dict[str, Any]], str]) -> None:
+    assert not torch_userstreams.is_installed()

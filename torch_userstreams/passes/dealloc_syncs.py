@@ -1,0 +1,69 @@
+"""Memory safety across streams: no reuse of a tensor's memory before its last use is done.
+
+The caching allocator ties a block to the stream it was allocated on: once the tensor dies,
+later allocations on that stream may reuse the block at once, even while another stream
+still reads it. Rule (deterministic, no runtime estimates, no triton): for a backward tensor
+allocated on stream A whose last user runs on another stream B, record an event on B right
+after that last use, then ``streams::sync_dealloc(event, A, tensor)`` right after it: A waits
+for the event, and the tensor is held until then, so A's later allocations cannot reuse it
+early. This gives up some overlap on A after the last use (native estimates how long it can
+delay the wait). Limits: tensors that escape as graph outputs are owned by the autograd
+engine and skipped; uses through views count only through the view's own users.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from .. import api
+from .annotations import (
+    device_of,
+    is_backward,
+    mark_backward,
+    record,
+    stream_index,
+    stream_of,
+)
+from .backward_syncs import is_sync
+
+PASS_NAME = "dealloc_syncs"
+
+
+def _last_user(node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> torch.fx.Node | None:
+    users = list(node.users)
+    if not users or any(user.op == "output" for user in users):
+        return None
+    return max(users, key=order.__getitem__)
+
+
+def sync_deallocations(gm: torch.fx.GraphModule) -> bool:
+    """Returns whether any dealloc sync was inserted."""
+    graph = gm.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not is_backward(node) or is_sync(node):
+            continue
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        last = _last_user(node, order)
+        if last is None or stream_of(last) == stream_of(node):
+            continue
+        event = api.new_event(device_of(node), phase="backward")
+        with graph.inserting_after(last):
+            recorded = graph.call_function(
+                torch.ops.streams.record_event.default, (event, stream_index(last))
+            )
+        with graph.inserting_after(recorded):
+            waited = graph.call_function(
+                torch.ops.streams.sync_dealloc.default, (event, stream_index(node), node)
+            )
+        for added, note in (
+            (recorded, f"after the last use of {node.name} ({last.name})"),
+            (waited, f"{node.name}'s stream waits before reusing its memory"),
+        ):
+            mark_backward(added)
+            record(added, PASS_NAME, note)
+        changed = True
+    return changed

@@ -1,0 +1,73 @@
+"""Pin sync nodes in place with ``control_deps``, forward and backward kept apart.
+
+Compilers may reorder nodes that have no data dependency, and a sync has none. AOTAutograd
+(2.13+) wraps each sync in a ``control_deps`` node that depends on the work before it on the
+same stream. Its walk puts forward and backward nodes into the same per-stream buckets, so a
+backward sync ends up depending on forward values and the partitioner rejects the graph
+("control_deps was invalid, but is output"). Rule here: the same wrapping, with one set of
+buckets per phase, so a sync depends only on earlier work of its own phase. ``record_event``
+and ``wait_event`` depend on their stream's work (and the unannotated current stream's); a
+wait also depends on its record; any other sync is a barrier over all streams of its phase.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from .annotations import is_backward, stream_of
+
+PASS_NAME = "sync_ordering"
+Buckets = dict[int | None, list[torch.fx.Node]]
+
+
+def _sync_ops() -> tuple[object, ...]:
+    from torch._functorch._aot_autograd import streams
+
+    return tuple(getattr(streams, "_SYNC_OPS", ()))
+
+
+def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Node]) -> list:
+    ops = torch.ops.streams
+    if node.target in (ops.record_event.default, ops.wait_event.default):
+        stream = node.args[1]
+        deps = list(buckets.get(stream, ()))  # type: ignore[call-overload,arg-type]
+        if stream is not None:
+            deps += buckets.get(None, [])
+        record = records.get(node.args[0])  # type: ignore[arg-type]
+        if node.target is ops.wait_event.default and record is not None:
+            deps.insert(0, record)
+        buckets[stream] = []  # type: ignore[index]
+        buckets[None] = []
+        return deps
+    deps = [n for nodes in buckets.values() for n in nodes]
+    buckets.clear()
+    return deps
+
+
+def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
+    """Returns whether any sync was wrapped."""
+    from torch._functorch._aot_autograd.streams import _wrap_sync_node
+
+    sync_ops = _sync_ops()
+    phases: dict[bool, Buckets] = {False: {}, True: {}}
+    records: dict[int, torch.fx.Node] = {}
+    visited: set[torch.fx.Node] = set()
+    wrapped = False
+    node = next(iter(gm.graph.nodes))
+    while node.op != "root":
+        following = node.next
+        visited.add(node)
+        if node.op == "call_function" and node.target in sync_ops:
+            deps = _deps(node, phases[is_backward(node)], records)
+            if deps:
+                control = _wrap_sync_node(gm, node, deps, visited)[0]
+                if node.target is torch.ops.streams.record_event.default:
+                    records[node.args[0]] = control  # type: ignore[index]
+                wrapped = True
+        elif node.op == "call_function" and "val" in node.meta:
+            phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
+        node = following
+    if wrapped:
+        gm.recompile()
+    return wrapped
