@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,3 +35,18 @@ def run_threads(worker: Callable[[int], None], count: int) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def last_binding() -> Any:
+    """The binding of the compiled call that last returned on this thread."""
+    from torch_userstreams import runtime
+
+    return runtime._state.last
+
+
+def backward_events(binding: Any) -> list[Any]:
+    """The objects a call created for its backward (AOTAutograd's sync events)."""
+    from torch_userstreams.table import Phase
+
+    entries = binding.graph.table.entries
+    return [binding.objects[e.index] for e in entries if e.phase is Phase.BACKWARD]

@@ -1,0 +1,196 @@
+"""Each backward resolves user objects against the binding of its own forward call."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+from helpers import backward_events, last_binding, live_user_objects
+
+import torch_userstreams
+from torch_userstreams.errors import UserObjectError
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.table import Phase
+
+pytestmark = pytest.mark.usefixtures("installed")
+BACKEND = "userstreams_aot_eager"
+
+
+def two_streams(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    side = torch.Stream(device="cpu")
+    with side:
+        y = x * w
+    return (y.sin() * w).sum()
+
+
+def input_stream(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = (x * w).cos()
+    return (y * w).sum()
+
+
+def leaves(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(4, generator=gen, requires_grad=True)
+    w = torch.rand(4, generator=gen, requires_grad=True)
+    return x, w
+
+
+def eager_grads(fn, *args) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    tensors = [a.detach().clone().requires_grad_(True) for a in args[:2]]
+    fn(*tensors, *args[2:]).backward()
+    return [t.grad for t in tensors]  # type: ignore[misc]
+
+
+def recorded(events: list) -> int:  # type: ignore[type-arg]
+    return sum(len(e.log) for e in events)
+
+
+def forward(fn, *args):  # type: ignore[no-untyped-def]
+    out = fn(*args)
+    return out, last_binding()
+
+
+def test_fwd_a_fwd_b_bwd_b_bwd_a() -> None:
+    compiled_a = torch.compile(two_streams, backend=BACKEND)
+    compiled_b = torch.compile(input_stream, backend=BACKEND)
+    (xa, wa), (xb, wb) = leaves(0), leaves(1)
+    s = SimStream(device="cpu")
+    out_a, bind_a = forward(compiled_a, xa, wa)
+    out_b, bind_b = forward(compiled_b, xb, wb, s)
+    events_a, events_b = backward_events(bind_a), backward_events(bind_b)
+    assert events_a and events_b
+    assert recorded(events_a) == recorded(events_b) == 0
+    out_b.backward()
+    assert recorded(events_b) > 0 and recorded(events_a) == 0
+    out_a.backward()
+    assert recorded(events_a) > 0
+    for got, want in zip([xa.grad, wa.grad], eager_grads(two_streams, xa, wa), strict=True):
+        torch.testing.assert_close(got, want)
+    for got, want in zip([xb.grad, wb.grad], eager_grads(input_stream, xb, wb, s), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_one_function_with_a_graph_break() -> None:
+    def broken(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        first = two_streams(x, w)
+        torch._dynamo.graph_break()
+        return first * two_streams(w, x)
+
+    compiled = torch.compile(broken, backend=BACKEND)
+    x, w = leaves(2)
+    bindings: list = []  # type: ignore[type-arg]
+    from torch_userstreams import runtime
+
+    real_call = runtime.BoundGraph.__call__
+
+    def spy(self, *args):  # type: ignore[no-untyped-def]
+        out = real_call(self, *args)
+        bindings.append(runtime._state.last)
+        return out
+
+    runtime.BoundGraph.__call__ = spy  # type: ignore[method-assign]
+    try:
+        out = compiled(x, w)
+    finally:
+        runtime.BoundGraph.__call__ = real_call  # type: ignore[method-assign]
+    assert len({id(b.graph) for b in bindings}) == 2, "two graphs, each with its own table"
+    out.backward()
+    assert all(recorded(backward_events(b)) > 0 for b in bindings)
+    for got, want in zip([x.grad, w.grad], eager_grads(broken, x, w), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_gradient_accumulation_fwd1_fwd2_bwd2_bwd1() -> None:
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    x, w = leaves(3)
+    out1, bind1 = forward(compiled, x, w)
+    out2, bind2 = forward(compiled, x, w)
+    events1, events2 = backward_events(bind1), backward_events(bind2)
+    assert not {id(e) for e in events1} & {id(e) for e in events2}, "fresh events per call"
+    out2.backward()
+    assert recorded(events2) > 0 and recorded(events1) == 0
+    out1.backward()
+    assert recorded(events1) == recorded(events2)
+    want = eager_grads(two_streams, x, w)
+    torch.testing.assert_close(x.grad, 2 * want[0])
+    torch.testing.assert_close(w.grad, 2 * want[1])
+
+
+def test_retain_graph_and_a_second_backward() -> None:
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    x, w = leaves(4)
+    out, binding = forward(compiled, x, w)
+    out.backward(retain_graph=True)
+    once = recorded(backward_events(binding))
+    out.backward()
+    assert recorded(backward_events(binding)) == 2 * once > 0
+    torch.testing.assert_close(x.grad, 2 * eager_grads(two_streams, x, w)[0])
+
+
+def test_backward_on_another_thread() -> None:
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    x, w = leaves(5)
+    out, binding = forward(compiled, x, w)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.backward()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert errors == []
+    assert recorded(backward_events(binding)) > 0
+    torch.testing.assert_close(x.grad, eager_grads(two_streams, x, w)[0])
+
+
+def test_autograd_grad() -> None:
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    x, w = leaves(6)
+    out, binding = forward(compiled, x, w)
+    gx, gw = torch.autograd.grad(out, (x, w))
+    assert recorded(backward_events(binding)) > 0
+    want = eager_grads(two_streams, x, w)
+    torch.testing.assert_close(gx, want[0])
+    torch.testing.assert_close(gw, want[1])
+
+
+def test_live_objects_stay_bounded_over_10000_training_steps() -> None:
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    x, w = leaves(7)
+    for _ in range(20):
+        compiled(x, w).backward()
+    before = live_user_objects()
+    for _ in range(10_000):
+        compiled(x, w).backward()
+    after = live_user_objects()
+    assert after - before <= 2, (before, after)
+
+
+def test_dead_input_stream_gives_a_clear_error() -> None:
+    compiled = torch.compile(input_stream, backend=BACKEND)
+    x, w = leaves(8)
+    s = SimStream(device="cpu")
+    compiled(x, w, s).backward()  # compile (guards may hold the first stream)
+    doomed = SimStream(device="cpu")
+    out = compiled(x, w, doomed)
+    del doomed
+    gc.collect()
+    with pytest.raises(UserObjectError, match=r"graph input_stream.*L\['s'\].*no longer alive.*backward"):
+        out.backward()
+
+
+def test_explain_marks_backward_objects() -> None:
+    x, w = leaves(9)
+    report = torch_userstreams.explain(two_streams, x, w, backend=BACKEND)
+    (table,) = report.tables
+    phases = {entry.phase for entry in table.entries}
+    assert phases == {Phase.FORWARD, Phase.BACKWARD}
+    text = str(report)
+    assert "backward" in text and "insert_backward_syncs" in text
