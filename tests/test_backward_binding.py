@@ -182,7 +182,9 @@ def test_dead_input_stream_gives_a_clear_error() -> None:
     out = compiled(x, w, doomed)
     del doomed
     gc.collect()
-    with pytest.raises(UserObjectError, match=r"graph input_stream.*L\['s'\].*no longer alive.*backward"):
+    with pytest.raises(
+        UserObjectError, match=r"graph input_stream.*L\['s'\].*no longer alive.*backward"
+    ):
         out.backward()
 
 

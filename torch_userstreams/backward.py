@@ -1,12 +1,13 @@
 """Give each backward the binding of the forward call it differentiates.
 
 AOTAutograd runs a compiled graph's backward as one autograd node
-(``CompiledFunctionBackward``). After a forward call whose outputs require grad, we hook
-that call's node: a pre-hook pushes the call's binding on the backward thread and a
-post-hook pops it. The hooks hold the binding, so the objects the call created live exactly
-as long as its autograd graph — until its backward ran and the graph was freed, or until
-the graph is dropped without a backward — and inputs are held weakly (a stream the user
-deleted gives a clear error instead of a silent substitute).
+(``CompiledFunctionBackward``, a Python object). After a forward call whose outputs require
+grad, we store the call's binding on that node; while the node runs, the autograd engine
+reports it as the thread's current node, which is where ``lookup`` finds the binding —
+whatever thread runs the backward, with no state to clean up if it fails. The node holds the
+binding, so the objects the call created live exactly as long as its autograd graph (until
+its backward ran and the graph was freed, or the graph is dropped without a backward), and
+inputs are held weakly: a stream the user deleted gives a clear error, not a substitute.
 """
 
 from __future__ import annotations
@@ -60,13 +61,5 @@ def attach(binding: runtime.Binding, out: Any) -> None:
     if not nodes:
         return
     binding.weaken_inputs()
-
-    def before(grad_outputs: Any) -> None:
-        runtime.push(binding)
-
-    def after(grad_inputs: Any, grad_outputs: Any) -> None:
-        runtime.pop(binding)
-
     for node in nodes:
-        node.register_prehook(before)
-        node.register_hook(after)
+        setattr(node, runtime.BINDING_ATTR, binding)

@@ -5,7 +5,8 @@ The prologue of a call builds or loads that call's objects and hands them to the
 ``Binding`` on top of a thread-local stack, so every ``lookup(i)`` made while it runs — FX
 nodes, ``streams::*`` ops, Inductor's wrapper — resolves against *this* call. Nothing is
 global: a nested compiled call pushes its own binding, another thread has its own stack,
-and a backward pushes the binding of the forward call it differentiates (``backward.py``).
+and a backward finds the binding of the forward call it differentiates on its autograd node
+(``backward.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from .errors import UserObjectError
 from .table import UserObjectTable
@@ -146,6 +149,16 @@ def set_native_lookup(fn: NativeLookup | None) -> None:
         _native_lookup.append(fn)
 
 
+# The forward call's binding, stored on its compiled backward node by ``backward.attach``.
+BINDING_ATTR = "_torch_userstreams_binding"
+_current_autograd_node = torch._C._current_autograd_node
+
+
+def _backward_binding() -> Binding | None:
+    node = _current_autograd_node()
+    return None if node is None else getattr(node, BINDING_ATTR, None)
+
+
 def _compile_time_table() -> UserObjectTable | None:
     from .registration import table_if_compiling
 
@@ -165,6 +178,9 @@ def lookup(index: int) -> Any:
     stack = state.stack
     if stack:
         return stack[-1].resolve(index)
+    binding = _backward_binding()
+    if binding is not None:
+        return binding.resolve(index)
     compile_table = _compile_time_table()
     if compile_table is not None:
         return compile_table.example(index)
@@ -196,18 +212,6 @@ def returned_object(index: int) -> Any:
 
 def set_exported(table: UserObjectTable | None) -> None:
     _state.exported = table
-
-
-def push(binding: Binding) -> None:
-    _state.stack.append(binding)
-
-
-def pop(binding: Binding) -> None:
-    """Pop ``binding`` (and anything an interrupted backward left above it)."""
-    stack = _state.stack
-    while stack:
-        if stack.pop() is binding:
-            return
 
 
 def _never_trace(*functions: Callable[..., Any]) -> None:

@@ -79,6 +79,8 @@ class UserObjectTable:
         self.graph_name = graph_name
         self.entries: list[Entry] = []
         self.prologue_listing = ""  # filled when the prologue is generated
+        # What the package's passes changed in this graph's FX graphs, as "pass: note".
+        self.pass_notes: list[str] = []
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -144,4 +146,7 @@ class UserObjectTable:
     def describe(self) -> str:
         lines = [f"user objects of graph {self.graph_name}: {len(self.entries)}"]
         lines.extend("  " + entry.describe() for entry in self.entries)
+        if self.pass_notes:
+            lines.append("added by passes:")
+            lines.extend("  " + note for note in self.pass_notes)
         return "\n".join(lines)

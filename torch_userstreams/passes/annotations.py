@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from .. import api
+from ..registration import table_if_compiling
 
 RECORDS_KEY = "torch_userstreams"
 _BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
@@ -75,7 +76,12 @@ def mark_backward(node: torch.fx.Node) -> None:
 
 
 def record(node: torch.fx.Node, pass_name: str, note: str) -> None:
-    node.meta.setdefault(RECORDS_KEY, []).append(PassRecord(pass_name, note))
+    """Remember on the node (and in the graph's table, for ``explain()``) what a pass did."""
+    entry = PassRecord(pass_name, note)
+    node.meta.setdefault(RECORDS_KEY, []).append(entry)
+    table = table_if_compiling()
+    if table is not None:
+        table.pass_notes.append(f"{entry} [{node.name}]")
 
 
 def records(node: torch.fx.Node) -> list[PassRecord]:

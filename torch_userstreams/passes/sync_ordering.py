@@ -45,6 +45,15 @@ def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Nod
     return deps
 
 
+def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
+    """The partitioner must keep a wrapped sync (and what re-exports it) in its own graph."""
+    tag = "must_be_in_backward" if backward else "is_forward"
+    for node in (control, *control.all_input_nodes, *control.users):
+        if node.op in ("get_attr", "call_function") and node.meta.get("partitioner_tag") is None:
+            node.meta["partitioner_tag"] = tag
+    control.meta["partitioner_tag"] = tag
+
+
 def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
     """Returns whether any sync was wrapped."""
     from torch._functorch._aot_autograd.streams import _wrap_sync_node
@@ -59,12 +68,17 @@ def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
         following = node.next
         visited.add(node)
         if node.op == "call_function" and node.target in sync_ops:
-            deps = _deps(node, phases[is_backward(node)], records)
+            backward = is_backward(node)
+            deps = _deps(node, phases[backward], records)
+            recorded = node
             if deps:
-                control = _wrap_sync_node(gm, node, deps, visited)[0]
-                if node.target is torch.ops.streams.record_event.default:
-                    records[node.args[0]] = control  # type: ignore[index]
+                recorded = _wrap_sync_node(gm, node, deps, visited)[0]
+                _keep_in_phase(recorded, backward)
                 wrapped = True
+            if node.target is torch.ops.streams.record_event.default:
+                # A wait depends on its record, wrapped or not (a record with no earlier
+                # work on its stream stays a plain node).
+                records[node.args[0]] = recorded  # type: ignore[index]
         elif node.op == "call_function" and "val" in node.meta:
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following

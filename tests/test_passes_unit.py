@@ -1,0 +1,175 @@
+"""Each backward pass on its own, on hand-built joint graphs; ``graph.lint()`` after each."""
+
+from __future__ import annotations
+
+import operator
+import types
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch._functorch._aot_autograd.streams
+import torch.fx
+
+from torch_userstreams import registration
+from torch_userstreams.passes.annotations import records, set_stream, stream_of
+from torch_userstreams.passes.backward_syncs import insert_backward_syncs
+from torch_userstreams.passes.dealloc_syncs import sync_deallocations
+from torch_userstreams.passes.grad_accumulation import assign_accumulation_streams
+from torch_userstreams.passes.inherit_streams import inherit_streams
+from torch_userstreams.passes.sync_ordering import wrap_sync_nodes
+from torch_userstreams.table import Phase, UserObjectTable
+
+ops = torch.ops
+VAL = torch.ones(2)
+
+
+@pytest.fixture
+def table() -> Iterator[UserObjectTable]:
+    """Run the pass as if a backend were compiling a graph: requests land in its table."""
+    graph = types.SimpleNamespace()
+    with registration.compiling(graph):
+        yield registration.table_of(graph)
+
+
+def node(
+    graph: torch.fx.Graph,
+    target: object,
+    args: tuple,  # type: ignore[type-arg]
+    *,
+    stream: int | None = None,
+    backward: bool = True,
+    **meta: object,
+) -> torch.fx.Node:
+    n = graph.call_function(target, args)  # type: ignore[arg-type]
+    n.meta["val"] = VAL
+    n.meta["partitioner_tag"] = "is_backward" if backward else "is_forward"
+    n.meta.update(meta)
+    if stream is not None:
+        set_stream(n, stream)
+    return n
+
+
+def module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def syncs(gm: torch.fx.GraphModule, target: object) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is target]
+
+
+def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    fwd = node(graph, ops.aten.sin.default, (x,), stream=2, backward=False, seq_nr=7)
+    bwd = node(graph, ops.aten.cos.default, (fwd,), seq_nr=7)
+    other = node(graph, ops.aten.neg.default, (bwd,), seq_nr=8)
+    graph.output(other)
+    gm = module(graph)
+    assert inherit_streams(gm)
+    gm.graph.lint()
+    assert (stream_of(bwd), stream_of(other)) == (2, None)
+    assert [r.pass_name for r in records(bwd)] == ["inherit_streams"]
+    assert not inherit_streams(gm), "idempotent"
+
+
+def test_accumulation_follows_its_user_then_its_inputs() -> None:
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    g1 = node(graph, ops.aten.neg.default, (a,), stream=1)
+    g2 = node(graph, ops.aten.neg.default, (b,), stream=2)
+    to_user = node(graph, ops.aten.add.Tensor, (g1, g2), is_gradient_acc=True)
+    user = node(graph, ops.aten.mul.Tensor, (to_user, a), stream=3)
+    to_output = node(graph, ops.aten.add.Tensor, (g2, g1), is_gradient_acc=True)
+    graph.output((user, to_output))
+    gm = module(graph)
+    assert assign_accumulation_streams(gm)
+    gm.graph.lint()
+    assert stream_of(to_user) == 3, "rule 1: the stream of its user"
+    assert stream_of(to_output) == 2, "rule 2: its first gradient input with a stream"
+
+
+def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
+    table: UserObjectTable,
+) -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    producer = node(graph, ops.aten.sin.default, (x,), stream=0)
+    on_1a = node(graph, ops.aten.cos.default, (producer,), stream=1)
+    on_1b = node(graph, ops.aten.neg.default, (producer,), stream=1)
+    on_2 = node(graph, ops.aten.exp.default, (producer,), stream=2)
+    same = node(graph, ops.aten.abs.default, (producer,), stream=0)
+    graph.output((on_1a, on_1b, on_2, same))
+    gm = module(graph)
+    assert insert_backward_syncs(gm)
+    gm.graph.lint()
+    (record,) = syncs(gm, ops.streams.record_event.default)
+    waits = syncs(gm, ops.streams.wait_event.default)
+    assert record.prev is producer and record.args[1] == 0
+    assert [(w.next, w.args[1]) for w in waits] == [(on_1a, 1), (on_2, 2)]
+    assert {w.args[0] for w in waits} == {record.args[0]}
+    assert [e.phase for e in table.entries] == [Phase.BACKWARD]
+
+
+def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
+    table: UserObjectTable,
+) -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    producer = node(graph, ops.aten.sin.default, (x,))
+    consumer = node(graph, ops.aten.cos.default, (producer,), stream=0)
+    graph.output(consumer)
+    gm = module(graph)
+    insert_backward_syncs(gm)
+    (record,) = syncs(gm, ops.streams.record_event.default)
+    current = table.entries[record.args[1]]
+    assert current.origin == "current stream of cpu"
+
+
+def test_dealloc_sync_after_the_last_use_on_another_stream(table: UserObjectTable) -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    made = node(graph, ops.aten.sin.default, (x,), stream=0)
+    first_use = node(graph, ops.aten.cos.default, (made,), stream=0)
+    last_use = node(graph, ops.aten.neg.default, (made,), stream=1)
+    graph.output((first_use, last_use))
+    gm = module(graph)
+    assert sync_deallocations(gm)
+    gm.graph.lint()
+    record = last_use.next
+    dealloc = record.next
+    assert record.target is ops.streams.record_event.default and record.args[1] == 1
+    assert dealloc.target is ops.streams.sync_dealloc.default
+    assert dealloc.args == (record.args[0], 0, made)
+    assert not sync_deallocations(module(_same_stream_graph())), "same stream: nothing"
+
+
+def _same_stream_graph() -> torch.fx.Graph:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    made = node(graph, ops.aten.sin.default, (x,), stream=0)
+    use = node(graph, ops.aten.neg.default, (made,), stream=0)
+    graph.output(node(graph, ops.aten.cos.default, (use,), stream=0))
+    return graph
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node"),
+    reason="torch < 2.13 does not wrap syncs in control_deps",
+)
+def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    fwd = node(graph, ops.aten.sin.default, (x,), stream=0, backward=False)
+    bwd = node(graph, ops.aten.cos.default, (x,), stream=0)
+    record = graph.call_function(ops.streams.record_event.default, (5, 0))
+    record.meta["partitioner_tag"] = "must_be_in_backward"
+    later = node(graph, ops.aten.neg.default, (bwd,), stream=0)
+    graph.output((fwd, later))
+    gm = module(graph)
+    assert wrap_sync_nodes(gm)
+    gm.graph.lint()
+    (control,) = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
+    assert list(control.args[0]) == [bwd], "depends on backward work only"
+    assert control.meta["partitioner_tag"] == "must_be_in_backward"
+    assert any(u.target is operator.getitem for u in control.users)
