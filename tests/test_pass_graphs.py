@@ -7,6 +7,7 @@ and the pass that added it). Regenerate with ``EXPECTTEST_ACCEPT=1`` and review 
 from __future__ import annotations
 
 import expecttest
+import pytest
 import torch
 from graph_text import capture_aot
 from helpers import backward_events, last_binding
@@ -277,13 +278,14 @@ return [mul_7, add]""",
         )
 
 
-def test_gradients_equal_eager_for_every_program() -> None:
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_gradients_equal_eager_for_every_program(backend: str) -> None:
     torch_userstreams.install()
     for name, fn in PROGRAMS.items():
         torch._dynamo.reset()
         args = inputs(name, seed=1)
         want_out, want_grads = eager_reference(name, args)
-        compiled = torch.compile(fn, backend="userstreams_aot_eager")
+        compiled = torch.compile(fn, backend=backend)
         copies = clone(args)
         out = compiled(*copies)
         out.backward()

@@ -1,6 +1,10 @@
 """``torch.compile`` backends that use the package: registered by name via entry points.
 
-* ``userstreams``: Inductor, with the package's table, prologue and backward passes.
+* ``userstreams``: Inductor, with the package's table, prologue and backward passes. Inductor
+  cannot generate stream code for CPU graphs (torch 2.11-2.15: the wrapper uses stream
+  variables it only defines for GPU devices, and side-effecting sync ops get reordered), so a
+  CPU graph that uses streams runs through ``userstreams_aot_eager`` instead (CPU runs in
+  program order: same values); stream-free CPU graphs still go to Inductor.
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``stream_executor``) — for debugging stream programs.
 
@@ -11,6 +15,7 @@ name, before it traces anything, so importing it installs (``install()`` is idem
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -18,6 +23,8 @@ import torch
 from .errors import UnsupportedPathError
 from .patching import install
 from .registration import is_compiling_with_package
+
+log = logging.getLogger("torch_userstreams")
 
 
 def _require_package(backend: str) -> None:
@@ -32,9 +39,24 @@ def _require_package(backend: str) -> None:
         )
 
 
+def _uses_streams(gm: torch.fx.GraphModule) -> bool:
+    from .passes.annotations import stream_of
+    from .passes.backward_syncs import is_sync
+
+    return any(stream_of(n) is not None or is_sync(n) for n in gm.graph.nodes)
+
+
+def _on_cpu_only(example_inputs: list[Any]) -> bool:
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    return devices <= {"cpu"}
+
+
 def userstreams(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """Inductor with torch_userstreams installed."""
+    """Inductor with torch_userstreams installed (see the module docstring for CPU graphs)."""
     _require_package("userstreams")
+    if _on_cpu_only(example_inputs) and _uses_streams(gm):
+        log.info("torch_userstreams: CPU graph with streams runs on the stream executor")
+        return userstreams_aot_eager(gm, example_inputs)
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(gm, example_inputs, **kwargs)
