@@ -17,9 +17,20 @@ from torch_userstreams.table import EntryKind
 
 @pytest.fixture
 def fake_accelerator(monkeypatch: pytest.MonkeyPatch) -> SimStream:
+    import torch._dynamo.guards
+    import torch._dynamo.utils
+
     ambient = SimStream(device="cpu")
+
+    def current(device: object = None) -> SimStream:
+        return ambient
+
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_stream", lambda device=None: ambient)
+    monkeypatch.setattr(torch.accelerator, "current_stream", current)
+    # Guards and the prologue read the current stream through Dynamo's own helper (a C
+    # function on newer torch that checks the real accelerator): fake it there too.
+    monkeypatch.setattr(torch._dynamo.utils, "get_current_stream", current)
+    monkeypatch.setattr(torch._dynamo.guards, "get_current_stream", current)
     return ambient
 
 

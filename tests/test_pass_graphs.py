@@ -156,9 +156,6 @@ input primals_2
 input getitem
 input cos
 input tangents_1
-mul = mul.Tensor(primals_1, primals_2)  @stream 0
-control_deps = streams.record_event(2, 0)
-control_deps_1 = streams.wait_event(2, 1)
 expand = expand(tangents_1, [4])
 control_deps_2 = streams.record_event(3, 4)  # backward_syncs
 control_deps_3 = streams.wait_event(3, 1)  # backward_syncs
@@ -323,8 +320,10 @@ def test_cpu_backward_with_two_streams_compiles_only_with_the_package() -> None:
     try:
         native(*clone(inputs("two_local_streams"))).backward()
     except Exception as exc:  # the native failure this package fixes
-        # 2.11-2.14: no triton to estimate runtimes; 2.15: record_stream has no CPU kernel.
-        assert "triton" in str(exc) or "record_stream" in str(exc), exc
+        # CPU wheels: no triton to estimate runtimes (2.15: record_stream has no CPU kernel);
+        # CUDA wheels on a machine without a GPU: the current stream of "cpu" is refused.
+        known = ("triton", "record_stream", "doesn't match the current accelerator")
+        assert any(reason in str(exc) for reason in known), exc
     else:  # pragma: no cover - a torch that fixed it natively
         raise AssertionError("native backward compiled on CPU: update this test and README")
     torch_userstreams.install()
