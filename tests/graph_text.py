@@ -73,9 +73,11 @@ def render(gm: torch.fx.GraphModule, *, backward: bool = False) -> str:
             continue
         shown = _inner_sync(gm, node) or node
         args = ", ".join(_name(a, alias) for a in shown.args)
-        line = f"{node.name} = {_target(shown.target)}({args})"
+        line = f"{_target(shown.target)}({args})"
+        if "streams." not in line:  # a sync's node name depends on how torch wrapped it
+            line = f"{node.name} = {line}"
         stream = stream_of(node)
-        if stream is not None:
+        if stream is not None and shown is node and "streams." not in line:
             line += f"  @stream {stream}"
         notes = records(shown) or records(node)
         if notes:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._functorch._aot_autograd.streams
 
 from torch_userstreams.simulator import SimEvent, SimStream
 
@@ -81,6 +82,15 @@ PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
         allocated_here_used_there,
     )
 }
+
+
+# torch 2.11's AOTAutograd refuses input mutations under user streams (pytorch#172522).
+INPUT_MUTATION_UNSUPPORTED = torch.__version__.startswith("2.11.")
+WRAPS_SYNCS = hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node")
+
+
+def supported(name: str) -> bool:
+    return not (name == "inplace_on_input" and INPUT_MUTATION_UNSUPPORTED)
 
 
 def inputs(name: str, seed: int = 0) -> list[torch.Tensor]:
