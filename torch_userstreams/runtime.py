@@ -101,7 +101,7 @@ class BoundGraph:
         self,
         fn: Callable[..., Any],
         table: UserObjectTable,
-        after_forward: Callable[[Binding, Any], None] | None = None,
+        after_forward: Callable[[Binding, Any], bool] | None = None,
     ) -> None:
         self.fn = fn
         self.table = table
@@ -130,8 +130,8 @@ class BoundGraph:
         finally:
             stack.pop()
         state.last = binding
-        if self.after_forward is not None:
-            self.after_forward(binding, out)
+        if self.after_forward is not None and not self.after_forward(binding, out):
+            self.after_forward = None  # this graph has no compiled backward to bind
         return out
 
     def __repr__(self) -> str:
