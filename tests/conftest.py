@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -23,3 +24,21 @@ def installed() -> Iterator[None]:
     torch_userstreams.install()
     yield
     torch_userstreams.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def spy_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remember the binding of the last compiled call, for tests that inspect its objects."""
+    from helpers import LAST_BINDING
+
+    from torch_userstreams import runtime
+
+    real_call = runtime.BoundGraph.__call__
+
+    def call(self: runtime.BoundGraph, *args: Any) -> Any:
+        binding = runtime._state.pending
+        out = real_call(self, *args)
+        LAST_BINDING[0] = binding
+        return out
+
+    monkeypatch.setattr(runtime.BoundGraph, "__call__", call)

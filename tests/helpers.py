@@ -37,11 +37,12 @@ def run_threads(worker: Callable[[int], None], count: int) -> None:
         thread.join()
 
 
-def last_binding() -> Any:
-    """The binding of the compiled call that last returned on this thread."""
-    from torch_userstreams import runtime
+LAST_BINDING: list[Any] = [None]  # filled by the ``spy_bindings`` fixture in conftest.py
 
-    return runtime._state.last
+
+def last_binding() -> Any:
+    """The binding of the compiled call that last returned (on any thread)."""
+    return LAST_BINDING[0]
 
 
 def backward_events(binding: Any) -> list[Any]:

@@ -73,7 +73,7 @@ def test_fwd_a_fwd_b_bwd_b_bwd_a() -> None:
         torch.testing.assert_close(got, want)
 
 
-def test_one_function_with_a_graph_break() -> None:
+def test_one_function_with_a_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         first = two_streams(x, w)
         torch._dynamo.graph_break()
@@ -84,18 +84,15 @@ def test_one_function_with_a_graph_break() -> None:
     bindings: list = []  # type: ignore[type-arg]
     from torch_userstreams import runtime
 
-    real_call = runtime.BoundGraph.__call__
+    spied_call = runtime.BoundGraph.__call__
 
     def spy(self, *args):  # type: ignore[no-untyped-def]
-        out = real_call(self, *args)
-        bindings.append(runtime._state.last)
+        out = spied_call(self, *args)
+        bindings.append(last_binding())
         return out
 
-    runtime.BoundGraph.__call__ = spy  # type: ignore[method-assign]
-    try:
-        out = compiled(x, w)
-    finally:
-        runtime.BoundGraph.__call__ = real_call  # type: ignore[method-assign]
+    monkeypatch.setattr(runtime.BoundGraph, "__call__", spy)
+    out = compiled(x, w)
     assert len({id(b.graph) for b in bindings}) == 2, "two graphs, each with its own table"
     out.backward()
     assert all(recorded(backward_events(b)) > 0 for b in bindings)

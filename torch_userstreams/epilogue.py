@@ -12,6 +12,23 @@ from collections.abc import Callable
 from typing import Any
 
 RUNTIME_MODULE = __name__.rsplit(".", 1)[0] + ".runtime"
+# Set by the OutputGraph hook: the graph's BoundGraph, so the epilogue can tell it to keep
+# its last binding for ``returned_object``.
+BOUND_ATTR = "_torch_userstreams_bound"
+RETURNS_ATTR = "_torch_userstreams_returns_objects"
+
+
+def mark_returns_objects(output_graph: Any) -> None:
+    """Tell the graph's BoundGraph to keep its binding for the epilogue.
+
+    Dynamo may generate this code before or after the backend compile (which creates the
+    BoundGraph), so the flag is left on the OutputGraph too and read when it is created.
+    """
+    state = vars(output_graph)
+    state[RETURNS_ATTR] = True
+    bound = state.get(BOUND_ATTR)
+    if bound is not None:
+        bound.returns_objects = True
 
 
 def wrap_reconstruct(native: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
@@ -27,6 +44,7 @@ def wrap_reconstruct(native: Callable[[Any, Any], None]) -> Callable[[Any, Any],
         codegen.add_push_null(lambda: codegen.load_import_from(RUNTIME_MODULE, "returned_object"))
         codegen.append_output(codegen.create_load_const(index))
         codegen.extend_output(create_call_function(1, False))
+        mark_returns_objects(codegen.tx.output)
 
     reconstruct.__wrapped__ = native  # type: ignore[attr-defined]
     return reconstruct

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import backward, prologue, registration, runtime
+from . import backward, epilogue, prologue, registration, runtime
 from .errors import UnsupportedPathError, UserObjectError
 from .table import UserObjectTable
 
@@ -84,6 +84,8 @@ def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_target
     instructions = result[0] if isinstance(result, tuple) else result
     name = _compiled_fn_name(instructions)
     output_graph.global_scope[name], bound = _bind(output_graph.global_scope[name], table)
+    vars(output_graph)[epilogue.BOUND_ATTR] = bound
+    bound.returns_objects = bool(vars(output_graph).get(epilogue.RETURNS_ATTR))
     code = prologue.build(output_graph, table, bound)
     table.prologue_listing = prologue.render(code)
     log.debug("%s\nprologue:\n%s", table.describe(), table.prologue_listing)

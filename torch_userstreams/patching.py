@@ -209,6 +209,7 @@ def uninstall() -> None:
         _restore(_applied)
         _applied.clear()
         runtime.set_native_lookup(None)
+        runtime.forget_thread_state()
 
 
 def is_installed() -> bool:

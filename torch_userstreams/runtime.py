@@ -95,7 +95,7 @@ class Binding:
 class BoundGraph:
     """Wraps a compiled graph that has user objects: binds each call's objects around it."""
 
-    __slots__ = ("__weakref__", "after_forward", "fn", "table")
+    __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "table")
 
     def __init__(
         self,
@@ -106,6 +106,9 @@ class BoundGraph:
         self.fn = fn
         self.table = table
         self.after_forward = after_forward
+        # Set when the bytecode after the call returns one of the call's objects: only then
+        # does the thread keep this call's binding past the call (until its next call).
+        self.returns_objects = False
 
     def bind(self, *objects: Any) -> None:
         """Called by the prologue, just before the graph call, with this call's objects."""
@@ -129,7 +132,8 @@ class BoundGraph:
             out = self.fn(*args)
         finally:
             stack.pop()
-        state.last = binding
+        if self.returns_objects:
+            state.last = binding
         if self.after_forward is not None and not self.after_forward(binding, out):
             self.after_forward = None  # this graph has no compiled backward to bind
         return out
@@ -212,6 +216,12 @@ def returned_object(index: int) -> Any:
 
 def set_exported(table: UserObjectTable | None) -> None:
     _state.exported = table
+
+
+def forget_thread_state() -> None:
+    """Drop what this thread keeps past a call (on ``uninstall()``)."""
+    _state.last = None
+    _state.exported = None
 
 
 def _never_trace(*functions: Callable[..., Any]) -> None:
