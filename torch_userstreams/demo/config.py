@@ -1,0 +1,47 @@
+"""The demo's settings, shared by every module so a test can shrink all of them at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("userstreams", "userstreams_aot_eager")
+# The native backend each package backend is compared with: the same compiler stack.
+NATIVE_BACKEND = {"userstreams": "inductor", "userstreams_aot_eager": "aot_eager"}
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What to train, where, and what to show."""
+
+    device: torch.device = CPU
+    steps: int = 50
+    backend: str = "userstreams"
+    seed: int = 0
+    dim: int = 64
+    blocks: int = 2
+    batch: int = 64
+    lr: float = 0.05
+    tolerance: float = 1e-5
+    compare_native: bool = False
+    timeline: Path | None = None
+    progress: bool = True
+    # CPU intra-op threads while training. The model is tiny, so more threads only add
+    # contention: on a busy 2-core machine a step then takes 100x longer, at random.
+    threads: int | None = 1
+
+    @property
+    def native_backend(self) -> str:
+        return NATIVE_BACKEND[self.backend]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when a device is visible, else CPU; ``cuda`` without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (try --device cpu)")
+    return torch.device(name)

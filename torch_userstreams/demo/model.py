@@ -1,0 +1,96 @@
+"""The demo model: blocks whose second branch runs on a stream created in ``forward``.
+
+Creating the stream and events inside the compiled function is the case the package is
+for: natively, Dynamo keeps every such object alive forever (one set per call); with the
+package each call binds its own and drops them when it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ..simulator import SimEvent, SimStream
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class SideStreamBlock(nn.Module):
+    """``x + main(x) + side(x)``, with ``side`` on its own stream, forked and joined by events."""
+
+    def __init__(self, dim: int, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.main = nn.Linear(dim, dim, device=device)
+        self.side = nn.Linear(dim, dim, device=device)
+
+    def _main_stream(self) -> torch.Stream:
+        # CPU has no current stream to ask torch.accelerator for: make one (same values,
+        # CPU runs everything in program order).
+        if self.device.type == "cpu":
+            return torch.Stream(device=self.device)
+        return torch.accelerator.current_stream(self.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        main = self._main_stream()
+        side = torch.Stream(device=self.device)
+        ready = torch.Event(device=self.device)
+        done = torch.Event(device=self.device)
+        ready.record(main)  # fork: x is ready on main
+        ready.wait(side)
+        with side:
+            branch = torch.tanh(self.side(x))
+        done.record(side)  # join: the branch is ready on side
+        with main:
+            done.wait(main)
+            return x + torch.relu(self.main(x)) + branch
+
+
+class DemoModel(nn.Module):
+    """A stack of side-stream blocks and a linear head: a regression to one number."""
+
+    def __init__(self, dim: int, blocks: int, device: torch.device) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(SideStreamBlock(dim, device) for _ in range(blocks)))
+        self.head = nn.Linear(dim, 1, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def build_model(dim: int, blocks: int, device: torch.device, seed: int) -> DemoModel:
+    """The same weights for every run with the same seed."""
+    torch.manual_seed(seed)
+    return DemoModel(dim, blocks, device)
+
+
+def make_batches(steps: int, batch: int, dim: int, device: torch.device, seed: int) -> list[Batch]:
+    """One batch per step, from a fixed random teacher, so the loss can go down."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    teacher = torch.randn(dim, 1, generator=gen) / dim**0.5
+    batches = []
+    for _ in range(steps):
+        x = torch.randn(batch, dim, generator=gen)
+        y = torch.sin(x @ teacher) + 0.01 * torch.randn(batch, 1, generator=gen)
+        batches.append((x.to(device), y.to(device)))
+    return batches
+
+
+@contextlib.contextmanager
+def simulated_objects(device: torch.device) -> Iterator[None]:
+    """Eager CPU events refuse to ``record()``: the eager reference uses simulated ones.
+
+    Only for the eager run, never while compiling. On other devices nothing changes.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    saved = torch.Stream, torch.Event
+    torch.Stream, torch.Event = SimStream, SimEvent  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        torch.Stream, torch.Event = saved  # type: ignore[misc]

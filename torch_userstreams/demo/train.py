@@ -1,0 +1,138 @@
+"""The training runs the demo compares: eager (the reference), package, native.
+
+Every run builds the model from the same seed and trains on the same batches with the same
+optimizer, so any difference in loss or gradients comes from how the model was executed.
+A compiled run that fails is reported (that is what ``--compare-native`` is for), not raised.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import patching
+from ..registration import collecting_tables
+from ..table import UserObjectTable
+from .config import DemoConfig
+from .model import Batch, build_model, simulated_objects
+from .objects import live_user_objects
+from .progress import ProgressBar
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+MAX_REASON = 200
+
+
+@dataclass
+class RunResult:
+    """What one training run produced; ``error`` is set when it stopped early."""
+
+    name: str
+    compiled: bool
+    losses: list[float] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    live_start: int = 0
+    live_after_first: int | None = None  # after step 1: compiled, one call's objects bound
+    live_end: int = 0
+    tables: list[UserObjectTable] = field(default_factory=list)
+    error: str | None = None
+    error_traceback: str | None = None
+
+    @property
+    def compile_s(self) -> float | None:
+        """The first compiled step's time: tracing and compiling forward and backward."""
+        return self.step_seconds[0] if self.compiled and self.step_seconds else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        """Steady-state speed: every step after the first (which compiles or warms up)."""
+        steady = self.step_seconds[1:] or self.step_seconds
+        total = sum(steady)
+        return len(steady) / total if total > 0 else None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line: the exception type and its message up to Dynamo's boilerplate hint."""
+    lines = []
+    for line in str(exc).splitlines():
+        if line.startswith("Set TORCHDYNAMO_VERBOSE"):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    reason = f"{type(exc).__name__}: {' '.join(lines)}".rstrip(": ")
+    return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."
+
+
+def _train(
+    model: torch.nn.Module,
+    forward: Forward,
+    batches: list[Batch],
+    config: DemoConfig,
+    result: RunResult,
+) -> None:
+    """SGD over ``batches``, recording loss and wall time per step into ``result``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    bar = ProgressBar(result.name, len(batches), enabled=config.progress)
+    try:
+        for done, (x, y) in enumerate(batches, 1):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.mse_loss(forward(x), y)
+            loss.backward()
+            optimizer.step()
+            result.losses.append(loss.item())  # syncs the device: the step has finished
+            result.step_seconds.append(time.perf_counter() - start)
+            if done == 1:
+                result.live_after_first = live_user_objects()
+            bar.update(done)
+    finally:
+        bar.close("failed" if len(result.losses) < len(batches) else "")
+    result.grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
+def run_eager(config: DemoConfig, batches: list[Batch]) -> RunResult:
+    """The reference: plain eager PyTorch (simulated stream objects on CPU)."""
+    result = RunResult("eager", compiled=False)
+    model = build_model(config.dim, config.blocks, config.device, config.seed)
+    result.live_start = live_user_objects()
+    with simulated_objects(config.device):
+        _train(model, model, batches, config, result)
+    result.live_end = live_user_objects()
+    return result
+
+
+def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> RunResult:
+    """``torch.compile`` with the package's backend, or natively with the package uninstalled.
+
+    Leaves Dynamo reset and the package uninstalled; the caller restores what it wants.
+    """
+    backend = config.backend if package else config.native_backend
+    kind = "package" if package else "native"
+    result = RunResult(f"{kind} ({backend})", compiled=True)
+    torch._dynamo.reset()
+    if package:
+        patching.install()
+    else:
+        patching.uninstall()
+    try:
+        model = build_model(config.dim, config.blocks, config.device, config.seed)
+        result.live_start = live_user_objects()
+        compiled = torch.compile(model, backend=backend)
+        with collecting_tables() as tables:
+            try:
+                _train(model, compiled, batches, config, result)
+            except Exception as exc:  # reported side by side: the point of --compare-native
+                result.error = failure_reason(exc)
+                result.error_traceback = traceback.format_exc()
+        result.tables = list(tables)
+        result.live_end = live_user_objects()
+        del compiled
+    finally:
+        torch._dynamo.reset()
+        patching.uninstall()
+    return result
