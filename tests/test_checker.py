@@ -1,0 +1,333 @@
+"""The stream-safety checker: it fires on every hazard kind and stays quiet on safe graphs.
+
+Negative tests start from graphs the package really executes (``capture``), delete one sync
+of each kind the package's passes insert (and a user's own wait), and check that the
+checker names the hazard at the right nodes and streams. Hand-built FX graphs cover each
+hazard kind on its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.fx
+
+from torch_userstreams.passes.annotations import set_stream
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.testing import (
+    Capture,
+    HazardKind,
+    SafetyResult,
+    assert_stream_safe,
+    capture,
+    check_stream_safety,
+)
+from torch_userstreams.testing.graph_view import Sync
+from torch_userstreams.testing.mutations import delete_sync, syncs
+from torch_userstreams.testing.programs import leaves
+
+aten = torch.ops.aten
+streams_ops = torch.ops.streams
+MAIN, SIDE = 0, 1  # table indices of the program's streams (its table lists `main` first)
+
+
+def side_then_main(x: torch.Tensor, w: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    """Forward: ``a`` on the side stream, read on main after the user's record/wait.
+
+    Backward: grad of ``a`` is made on main (``mul_4``) and read on the side stream
+    (``mul_5``, ``mul_6``), so the passes add a wait for it and a ``sync_dealloc``.
+    """
+    main = torch.Stream(device="cpu")
+    with side:
+        a = x * w
+    done = torch.Event(device="cpu")
+    done.record(side)
+    done.wait(main)
+    with main:
+        b = a.sin() * w
+    return b
+
+
+@pytest.fixture(scope="module")
+def captured() -> Capture:
+    torch._dynamo.reset()
+    x, w = leaves()
+    result = capture(side_then_main, x, w, SimStream(device="cpu"))
+    torch._dynamo.reset()
+    return result
+
+
+def test_captured_graphs_are_safe(captured: Capture) -> None:
+    assert len(captured.forward) == 1 and len(captured.backward) == 1
+    for _, gm in captured.graphs:
+        assert_stream_safe(gm)
+
+
+def added_by(captured: Capture, pass_name: str) -> set[int]:
+    """Indices of the events a pass requested (the table records who added each entry)."""
+    (table,) = captured.tables
+    return {e.index for e in table.entries if pass_name in e.added_by}
+
+
+def pick(gm: torch.fx.GraphModule, op: object, events: set[int]) -> Sync:
+    """The first sync ``op`` of ``gm`` on one of ``events``."""
+    return next(s for s in syncs(gm, op) if s.args[0] in events)
+
+
+def without(gm: torch.fx.GraphModule, sync: Sync) -> SafetyResult:
+    """Check a copy of ``gm`` with ``sync`` deleted (the copy is linted)."""
+    mutated = copy.deepcopy(gm)
+    node = next(n for n in mutated.graph.nodes if n.name == sync.node.name)
+    delete_sync(mutated, node)
+    mutated.graph.lint()
+    return check_stream_safety(mutated)
+
+
+def only(result: SafetyResult, kind: HazardKind) -> tuple[str, object, str, object]:
+    """The single finding of ``result``, as (first, first stream, second, second stream)."""
+    assert len(result.findings) == 1, str(result)
+    (finding,) = result.findings
+    assert finding.kind is kind, str(result)
+    return finding.first, finding.first_stream, finding.second, finding.second_stream
+
+
+def test_deleting_a_backward_wait_is_a_read_after_write(captured: Capture) -> None:
+    (bw,) = captured.backward
+    wait = pick(bw, streams_ops.wait_event.default, added_by(captured, "backward_syncs"))
+    result = without(bw, wait)
+    assert only(result, HazardKind.RAW) == ("mul_4", MAIN, "mul_5", SIDE)
+    assert "record an event on stream 0 after mul_4 and wait for it on stream 1 before mul_5" in (
+        result.findings[0].fix
+    )
+
+
+def test_deleting_a_backward_record_leaves_the_wait_without_effect(captured: Capture) -> None:
+    (bw,) = captured.backward
+    record = pick(bw, streams_ops.record_event.default, added_by(captured, "backward_syncs"))
+    assert only(without(bw, record), HazardKind.RAW) == ("mul_4", MAIN, "mul_5", SIDE)
+
+
+def test_deleting_a_sync_dealloc_lets_the_allocator_reuse_memory_early(captured: Capture) -> None:
+    (bw,) = captured.backward
+    dealloc = pick(bw, streams_ops.sync_dealloc.default, added_by(captured, "dealloc_syncs"))
+    assert dealloc.args[2].name == "mul_4"  # type: ignore[union-attr]
+    result = without(bw, dealloc)
+    assert only(result, HazardKind.MEMORY_REUSE) == ("mul_6", SIDE, "add", MAIN)
+    assert result.findings[0].buffer == "mul_4"
+    assert "sync_dealloc of mul_4" in result.findings[0].fix
+
+
+def test_deleting_the_dealloc_record_is_the_same_hazard(captured: Capture) -> None:
+    (bw,) = captured.backward
+    dealloc = pick(bw, streams_ops.sync_dealloc.default, added_by(captured, "dealloc_syncs"))
+    record = pick(bw, streams_ops.record_event.default, {dealloc.args[0]})
+    assert only(without(bw, record), HazardKind.MEMORY_REUSE) == ("mul_6", SIDE, "add", MAIN)
+
+
+def test_deleting_the_users_forward_wait_is_a_read_after_write(captured: Capture) -> None:
+    (fw,) = captured.forward
+    (wait,) = syncs(fw, streams_ops.wait_event.default)
+    result = without(fw, wait)
+    assert only(result, HazardKind.RAW) == ("mul", SIDE, "sin", MAIN)
+
+
+def test_assert_stream_safe_prints_findings_and_graph(captured: Capture) -> None:
+    (fw,) = captured.forward
+    mutated = copy.deepcopy(fw)
+    (wait,) = syncs(mutated, streams_ops.wait_event.default)
+    delete_sync(mutated, wait.node)
+    with pytest.raises(AssertionError) as info:
+        assert_stream_safe(mutated)
+    text = str(info.value)
+    assert "read-after-write: sin on stream 0 reads mul" in text
+    assert "graph():" in text and "%sin" in text
+
+
+# -- hand-built graphs ---------------------------------------------------------------------
+
+
+class Builder:
+    """A small FX graph over one input ``x``; ``op(..., stream=i)`` annotates the node."""
+
+    def __init__(self) -> None:
+        self.graph = torch.fx.Graph()
+        self.x = self.graph.placeholder("x")
+
+    def op(self, target: object, *args: object, stream: int | None = None) -> torch.fx.Node:
+        """A node named like AOTAutograd names it: ``mul``, ``add_``, ``sin_1``..."""
+        name = target.overloadpacket.__name__  # type: ignore[attr-defined]
+        node = self.graph.create_node("call_function", target, args, name=name)  # type: ignore[arg-type]
+        if stream is not None:
+            set_stream(node, stream)
+        return node
+
+    def sync(self, target: object, *args: object) -> torch.fx.Node:
+        return self.graph.call_function(target, args)  # type: ignore[arg-type]
+
+    def fence(self, event: int, source: int, target: int) -> None:
+        """``target`` waits for everything issued on ``source`` so far."""
+        self.sync(streams_ops.record_event.default, event, source)
+        self.sync(streams_ops.wait_event.default, event, target)
+
+    def check(self, *outputs: torch.fx.Node) -> SafetyResult:
+        self.graph.output(tuple(outputs))
+        self.graph.lint()
+        return check_stream_safety(torch.fx.GraphModule(torch.nn.Module(), self.graph))
+
+
+def raw(fenced: bool) -> SafetyResult:
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    if fenced:
+        g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, a, stream=2)
+    return g.check(a, b)
+
+
+def war(fenced: bool) -> SafetyResult:
+    """``b`` reads ``a`` on stream 2, then stream 1 updates ``a`` in place."""
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, a, stream=2)
+    if fenced:
+        g.fence(1, source=2, target=1)
+    g.op(aten.add_.Tensor, a, 1, stream=1)
+    return g.check(a, b)
+
+
+def waw_on_input(fenced: bool) -> SafetyResult:
+    """Two streams mutate the graph's input: in-place ops are writes through their schema."""
+    g = Builder()
+    g.op(aten.add_.Tensor, g.x, 1, stream=1)
+    if fenced:
+        g.sync(streams_ops.wait_stream.default, 2, 1)
+    g.op(aten.mul_.Tensor, g.x, 2, stream=2)
+    return g.check(g.x)
+
+
+def war_on_input(fenced: bool) -> SafetyResult:
+    """Reading an input is safe, until another stream overwrites it (``copy_``)."""
+    g = Builder()
+    y = g.op(aten.sin.default, g.x, stream=1)
+    z = g.op(aten.cos.default, g.x, stream=2)
+    if fenced:
+        g.sync(streams_ops.wait_stream.default, 2, 1)
+    g.op(aten.copy_.default, g.x, z, stream=2)
+    return g.check(y)
+
+
+def write_through_view(fenced: bool) -> SafetyResult:
+    """A write to a view is a write to its base."""
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, a, stream=2)
+    view = g.op(aten.view.default, a, [-1], stream=1)
+    if fenced:
+        g.fence(1, source=2, target=1)
+    g.op(aten.mul_.Tensor, view, 2, stream=1)
+    return g.check(a, b)
+
+
+def reuse(fix: str) -> SafetyResult:
+    """``a`` is allocated on stream 1, last used on stream 2; then stream 1 allocates ``c``."""
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, a, stream=2)
+    if fix == "sync_dealloc":
+        g.sync(streams_ops.record_event.default, 1, 2)
+        g.sync(streams_ops.sync_dealloc.default, 1, 1, a)
+    elif fix == "record_stream":
+        g.sync(streams_ops.record_stream.default, a, 2)
+    c = g.op(aten.cos.default, g.x, stream=1)
+    return g.check(b, c)
+
+
+Case = Callable[[bool], SafetyResult]
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "expected"),
+    [
+        (raw, HazardKind.RAW, ("mul", 1, "sin", 2)),
+        (war, HazardKind.WAR, ("sin", 2, "add_", 1)),
+        (waw_on_input, HazardKind.WAW, ("add_", 1, "mul_", 2)),
+        (war_on_input, HazardKind.WAR, ("sin", 1, "copy_", 2)),
+        (write_through_view, HazardKind.WAR, ("sin", 2, "mul_", 1)),
+    ],
+    ids=["raw", "war", "waw-input-mutation", "war-input-mutation", "write-through-view"],
+)
+def test_hand_built_hazard(case: Case, kind: HazardKind, expected: tuple) -> None:
+    assert only(case(False), kind) == expected
+    fixed = case(True)
+    assert fixed, str(fixed)
+
+
+def test_memory_reuse_and_its_two_fixes() -> None:
+    result = reuse("none")
+    assert only(result, HazardKind.MEMORY_REUSE) == ("sin", 2, "cos", 1)
+    assert result.findings[0].buffer == "mul"
+    assert reuse("sync_dealloc"), str(reuse("sync_dealloc"))
+    assert reuse("record_stream"), str(reuse("record_stream"))
+
+
+def test_memory_reuse_after_the_graph_returns() -> None:
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, a, stream=2)
+    result = g.check(b)
+    assert only(result, HazardKind.MEMORY_REUSE) == ("sin", 2, "<end of graph>", 1)
+
+
+def test_reading_inputs_on_many_streams_is_safe() -> None:
+    g = Builder()
+    outs = [g.op(aten.sin.default, g.x, stream=s) for s in (1, 2, 3)]
+    assert g.check(*outs)
+
+
+HOST_BARRIERS = {
+    "synchronize_device": ("cpu", 0),
+    "synchronize_stream": (1,),
+    "synchronize_event": (0,),
+}
+
+
+@pytest.mark.parametrize("barrier", sorted(HOST_BARRIERS))
+def test_host_synchronization_orders_later_work_on_every_stream(barrier: str) -> None:
+    if not hasattr(streams_ops, barrier):
+        pytest.skip(f"this torch has no streams::{barrier}")
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.sync(streams_ops.record_event.default, 0, 1)
+    g.sync(getattr(streams_ops, barrier).default, *HOST_BARRIERS[barrier])
+    b = g.op(aten.sin.default, a, stream=2)
+    c = g.op(aten.cos.default, a, stream=3)
+    assert g.check(a, b, c)
+
+
+def test_waiting_on_an_event_recorded_before_the_producer_orders_nothing() -> None:
+    g = Builder()
+    g.sync(streams_ops.record_event.default, 0, 1)
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    g.sync(streams_ops.wait_event.default, 0, 2)
+    b = g.op(aten.sin.default, a, stream=2)
+    assert only(g.check(a, b), HazardKind.RAW) == ("mul", 1, "sin", 2)
+
+
+def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
+    """``None`` and the current stream's index are one stream when the index is known."""
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x)  # current stream
+    g.sync(streams_ops.record_event.default, 0, 5)  # 5: the current stream's index
+    g.sync(streams_ops.wait_event.default, 0, 1)
+    b = g.op(aten.sin.default, a, stream=1)
+    g.graph.output((a, b))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
+    assert check_stream_safety(gm, current_streams={"cpu": 5})
+    assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", None, "sin", 1)

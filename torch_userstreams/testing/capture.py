@@ -1,0 +1,166 @@
+"""``capture``: the FX graphs a package backend really executes for a function.
+
+Runs ``fn`` compiled through the package (installing it for the call), then its backward
+when an output requires grad, and keeps every forward and backward graph exactly as the
+backend's compilers receive them:
+
+* ``userstreams_aot_eager``: the modules AOTAutograd hands to the forward/backward
+  compilers, which then run them with ``stream_executor.compile_with_streams`` (the
+  package's backend, with recording compilers);
+* ``userstreams``: the modules Inductor's ``compile_fx`` hands to its inner compiler.
+  Inductor's post-grad passes then rewrite that module in place, so after the call it shows
+  the graph Inductor lowered (reinplacing included).
+
+Each graph's ``gm.meta[CURRENT_STREAMS_META]`` is set to the table indices of its current
+streams, so ``check_stream_safety(gm)`` knows that unannotated nodes run on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from .. import installed, registration
+from ..errors import UnsupportedPathError
+from ..table import EntryKind, UserObjectTable
+from .checker import CURRENT_STREAMS_META
+
+SUPPORTED_BACKENDS = ("userstreams_aot_eager", "userstreams")
+_CURRENT_PREFIX = "current stream of "
+
+
+@dataclass
+class Capture:
+    """What one compiled run of a function executed.
+
+    ``backward`` is in backward-compile order: a backward compiles when it first runs, so
+    after a graph break the last graph's backward comes first.
+    """
+
+    forward: list[torch.fx.GraphModule] = field(default_factory=list)
+    backward: list[torch.fx.GraphModule] = field(default_factory=list)
+    tables: list[UserObjectTable] = field(default_factory=list)
+    result: Any = None
+    compiled: Callable[..., Any] | None = None  # call it again: no recompile, no recording
+
+    @property
+    def graphs(self) -> list[tuple[str, torch.fx.GraphModule]]:
+        """Every graph with a label ("forward 0", "backward 1", ...), forwards first."""
+        return [(f"forward {i}", gm) for i, gm in enumerate(self.forward)] + [
+            (f"backward {i}", gm) for i, gm in enumerate(self.backward)
+        ]
+
+
+def current_streams(table: UserObjectTable) -> dict[str, int]:
+    """{device: index} of the table's current-stream entries (origin "current stream of D")."""
+    return {
+        entry.origin.removeprefix(_CURRENT_PREFIX): entry.index
+        for entry in table.entries
+        if entry.kind is EntryKind.CURRENT_STREAM and entry.origin.startswith(_CURRENT_PREFIX)
+    }
+
+
+def _recording(
+    into: list[torch.fx.GraphModule], table: UserObjectTable | None, compiler: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A compiler that keeps the module it is handed, marks its current streams, delegates."""
+
+    def compile_and_record(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        if table is not None:
+            gm.meta[CURRENT_STREAMS_META] = current_streams(table)
+        into.append(gm)
+        return compiler(gm, example_inputs, **kwargs)
+
+    return compile_and_record
+
+
+def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    from ..stream_executor import compile_with_streams
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        table = _table_of_graph("userstreams_aot_eager")
+        inner = aot_autograd(
+            fw_compiler=_recording(result.forward, table, compile_with_streams),
+            bw_compiler=_recording(result.backward, table, compile_with_streams),
+        )
+        return inner(gm, example_inputs)
+
+    return backend
+
+
+def _inductor_backend(result: Capture) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from ..backends import userstreams
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        table = _table_of_graph("userstreams")
+        forward = _recording(result.forward, table, compile_fx_inner)
+        backward = _recording(result.backward, table, compile_fx_inner)
+
+        def inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+            chosen = backward if kwargs.get("is_backward", False) else forward
+            return chosen(gm, example_inputs, **kwargs)
+
+        return userstreams(gm, example_inputs, inner_compile=inner_compile)
+
+    return backend
+
+
+def _table_of_graph(backend: str) -> UserObjectTable | None:
+    if not registration.is_compiling_with_package():
+        raise UnsupportedPathError(
+            f"torch_userstreams.testing.capture: backend {backend!r} got a graph traced "
+            "without the package installed; call torch._dynamo.reset() and capture again."
+        )
+    return registration.table_if_compiling()
+
+
+@contextlib.contextmanager
+def _no_compile_caches() -> Iterator[None]:
+    """A cache hit would skip the compilers, and so the recording."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with (
+        functorch_config.patch(enable_autograd_cache=False),
+        inductor_config.patch(fx_graph_cache=False),
+    ):
+        yield
+
+
+def _run_backward(out: Any) -> None:
+    tensors = [
+        t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+    if tensors:
+        total = sum(t.sum() for t in tensors)
+        total.backward()  # type: ignore[union-attr]
+
+
+def capture(
+    fn: Callable[..., Any], *args: Any, backend: str = "userstreams_aot_eager", **kwargs: Any
+) -> Capture:
+    """Compile and run ``fn(*args, **kwargs)`` once through the package; keep its graphs."""
+    makers = {"userstreams_aot_eager": _aot_eager_backend, "userstreams": _inductor_backend}
+    if backend not in makers:
+        raise ValueError(
+            f"torch_userstreams.testing.capture supports the backends {SUPPORTED_BACKENDS}, "
+            f"not {backend!r}: it records the graphs those hand to their compilers."
+        )
+    torch._dynamo.reset()
+    result = Capture()
+    result.compiled = torch.compile(fn, backend=makers[backend](result))
+    with installed(), _no_compile_caches(), registration.collecting_tables() as tables:
+        result.result = result.compiled(*args, **kwargs)
+        _run_backward(result.result)
+    result.tables = list(tables)
+    return result

@@ -1,0 +1,89 @@
+"""``check_stream_safety``: every cross-stream hazard of an FX graph, with the sync to fix it.
+
+The rules live where they are applied: how a graph reads as kernels and syncs in
+``graph_view``, the happens-before relation in ``happens_before``, what a hazard is in
+``hazards``. This module runs them and reports.
+
+Which index is the current stream: unannotated nodes run on the current stream, which the
+package's passes name by a table index. Pass ``current_streams`` ({device: index}), or let
+the checker read it from ``gm.meta[CURRENT_STREAMS_META]`` (``capture`` sets it from the
+graph's table); without either, unannotated nodes form their own stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch.fx
+
+from .graph_view import GraphView, StreamKey, Sync, read_graph
+from .happens_before import HappensBefore
+from .hazards import Finding, HazardKind, StreamName, data_races, memory_reuse
+
+CURRENT_STREAMS_META = "torch_userstreams.current_streams"
+
+
+@dataclass
+class SafetyResult:
+    """The findings of one check; truthy when there are none."""
+
+    findings: list[Finding] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)  # each sync as issued, for the report
+
+    def __bool__(self) -> bool:
+        return not self.findings
+
+    def of_kind(self, *kinds: HazardKind) -> list[Finding]:
+        return [finding for finding in self.findings if finding.kind in kinds]
+
+    def __str__(self) -> str:
+        if not self.findings:
+            return "no stream hazards"
+        lines = [f"{len(self.findings)} stream hazard(s):"]
+        lines.extend(f"  {finding}" for finding in self.findings)
+        if self.syncs:
+            lines.append("syncs, in issue order:")
+            lines.extend(f"  {sync}" for sync in self.syncs)
+        return "\n".join(lines)
+
+
+def _stream_namer(current_streams: Mapping[str, int]) -> StreamName:
+    current = set(current_streams.values())
+
+    def name(stream: StreamKey) -> str:
+        if stream is None:
+            return "the current stream"
+        if stream in current:
+            return f"stream {stream} (current)"
+        return f"stream {stream}"
+
+    return name
+
+
+def _describe_sync(sync: Sync) -> str:
+    args = ", ".join(getattr(arg, "name", repr(arg)) for arg in sync.args)
+    return f"{sync.node.name}: {sync.name}({args})"
+
+
+def check_stream_safety(
+    gm: torch.fx.GraphModule, *, current_streams: Mapping[str, int] | None = None
+) -> SafetyResult:
+    """Every RAW/WAR/WAW and memory-reuse hazard between the streams of ``gm``."""
+    if current_streams is None:
+        current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
+    view: GraphView = read_graph(gm, current_streams)
+    hb = HappensBefore(view.steps)
+    name = _stream_namer(current_streams)
+    findings = [*data_races(view, hb, name), *memory_reuse(view, hb, name)]
+    syncs = [_describe_sync(step) for step in view.steps if isinstance(step, Sync)]
+    return SafetyResult(findings, syncs)
+
+
+def assert_stream_safe(
+    gm: torch.fx.GraphModule, *, current_streams: Mapping[str, int] | None = None
+) -> None:
+    """Raise ``AssertionError`` with the findings and the graph if ``gm`` has a hazard."""
+    result = check_stream_safety(gm, current_streams=current_streams)
+    if not result:
+        raise AssertionError(f"{result}\n{gm.graph}")
