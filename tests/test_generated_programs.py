@@ -5,8 +5,8 @@ For each one, through the ``userstreams_aot_eager`` backend:
 
 * outputs and gradients equal the eager run (Sim objects standing in for CPU streams);
 * ``check_stream_safety`` finds nothing in any captured forward or backward graph, except
-  two known memory-reuse issues of the package (``known_forward_reuse``,
-  ``known_dealloc_gap``; each has a strict-xfail reproducer below);
+  one known memory-reuse issue of the package (``known_forward_reuse``, with a strict-xfail
+  reproducer below);
 * repeated calls (with backward) do not grow the number of live streams and events.
 
 Profiles (env ``HYPOTHESIS_PROFILE``): ``ci`` (default; 2 x 100 derandomized examples plus
@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from torch_userstreams.passes.annotations import is_backward
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import (
-    CURRENT_STREAMS_META,
     Capture,
     Finding,
     HazardKind,
@@ -37,7 +36,6 @@ from torch_userstreams.testing import (
     capture,
     check_stream_safety,
 )
-from torch_userstreams.testing.graph_view import Kernel, read_graph
 from torch_userstreams.testing.programs import Program, leaves
 from torch_userstreams.testing.strategies import programs
 
@@ -80,27 +78,6 @@ def known_forward_reuse(gm: torch.fx.GraphModule, finding: Finding) -> bool:
     return producer is not None and not is_backward(producer)
 
 
-def known_dealloc_gap(gm: torch.fx.GraphModule, finding: Finding) -> bool:
-    """KNOWN_DEALLOC_GAP: the dealloc pass only syncs a tensor's last user.
-
-    A backward tensor read on another stream by a user that is not its last one (the last
-    one being on its own stream, or on a third stream) gets no ``sync_dealloc`` for that
-    read, so its stream may reuse the memory while the other stream still reads it.
-    """
-    if finding.kind is not HazardKind.MEMORY_REUSE:
-        return False
-    view = read_graph(gm, gm.meta.get(CURRENT_STREAMS_META))
-    buffer = next((b for b in view.buffers if b.name == finding.buffer), None)
-    if buffer is None:
-        return False
-    users = [
-        step
-        for step in view.steps
-        if isinstance(step, Kernel) and any(a.buffer is buffer for a in step.accesses)
-    ]
-    return users[-1].node.name != finding.first
-
-
 def run_eager(program: Program, streams: list[SimStream]) -> tuple[Any, list[Any]]:
     x, w = leaves()
     out = program.build(eager=True)(x, w, *streams)
@@ -141,8 +118,6 @@ def assert_graphs_safe(program: Program, captured: Capture) -> None:
         for finding in result.findings:
             if known_forward_reuse(gm, finding):
                 event("known issue: forward memory reuse")
-            elif known_dealloc_gap(gm, finding):
-                event("known issue: only the last user gets a dealloc sync")
             else:
                 unexpected.append(finding)
         assert not unexpected, f"{label}:\n{result}\n{gm.graph}\nprogram:\n{program}"
@@ -265,7 +240,6 @@ def used_across_then_at_home(
     return b, c
 
 
-@pytest.mark.xfail(reason="KNOWN_DEALLOC_GAP: only the last user gets a dealloc sync", strict=True)
 def test_backward_tensor_used_on_another_stream_before_its_last_use() -> None:
     x, w = leaves()
     streams = (SimStream(device="cpu"), SimStream(device="cpu"))
@@ -296,7 +270,6 @@ def used_on_two_other_streams(
     return a, c, d
 
 
-@pytest.mark.xfail(reason="KNOWN_DEALLOC_GAP: only the last user gets a dealloc sync", strict=True)
 def test_backward_tensor_used_on_two_other_streams() -> None:
     x, w = leaves()
     streams = [SimStream(device="cpu") for _ in range(3)]

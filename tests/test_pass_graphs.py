@@ -54,14 +54,16 @@ streams.record_event(2, 3)  # backward_syncs
 cos = cos(mul)  @stream 1
 streams.wait_event(2, 1)  # backward_syncs
 mul_1 = mul.Tensor(expand, cos)  @stream 1
+streams.record_event(5, 1)  # dealloc_syncs
+streams.sync_dealloc(5, 3, expand)  # dealloc_syncs
 streams.record_event(4, 1)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
 streams.wait_event(4, 0)  # backward_syncs
 add_1 = add.Tensor(expand, mul_1)  @stream 0  # grad_accumulation
+streams.record_event(7, 0)  # dealloc_syncs
+streams.sync_dealloc(7, 1, mul_1)  # dealloc_syncs
 streams.record_event(6, 0)  # dealloc_syncs
-streams.sync_dealloc(6, 1, mul_1)  # dealloc_syncs
-streams.record_event(5, 0)  # dealloc_syncs
-streams.sync_dealloc(5, 3, expand)  # dealloc_syncs
+streams.sync_dealloc(6, 3, expand)  # dealloc_syncs
 mul_2 = mul.Tensor(add_1, primals_1)  @stream 0
 mul_3 = mul.Tensor(add_1, primals_2)  @stream 0
 return [mul_3, mul_2]""",

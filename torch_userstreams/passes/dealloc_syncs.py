@@ -3,9 +3,9 @@
 The caching allocator ties a block to the stream it was allocated on: once the tensor dies,
 later allocations on that stream may reuse the block at once, even while another stream
 still reads it. Rule (deterministic, no runtime estimates, no triton): for a backward tensor
-allocated on stream A whose last user runs on another stream B, record an event on B right
-after that last use, then ``streams::sync_dealloc(event, A, tensor)`` right after it: A waits
-for the event, and the tensor is held until then, so A's later allocations cannot reuse it
+allocated on stream A and each other stream B that uses it, record an event on B right after
+B's last use, then ``streams::sync_dealloc(event, A, tensor)`` right after it: A waits for
+the event, and the tensor is held until then, so A's later allocations cannot reuse it
 early. This gives up some overlap on A after the last use (native estimates how long it can
 delay the wait). Limits: tensors that escape as graph outputs are owned by the autograd
 engine and skipped; uses through views count only through the view's own users.
@@ -30,11 +30,17 @@ from .backward_syncs import is_sync
 PASS_NAME = "dealloc_syncs"
 
 
-def _last_user(node: torch.fx.Node, order: dict[torch.fx.Node, int]) -> torch.fx.Node | None:
-    users = list(node.users)
-    if not users or any(user.op == "output" for user in users):
-        return None
-    return max(users, key=order.__getitem__)
+def _last_use_on_other_streams(
+    node: torch.fx.Node, order: dict[torch.fx.Node, int]
+) -> list[torch.fx.Node]:
+    """For each stream other than ``node``'s that uses it, that stream's last user."""
+    if any(user.op == "output" for user in node.users):
+        return []
+    last: dict[int | None, torch.fx.Node] = {}
+    for user in sorted(node.users, key=order.__getitem__):
+        if stream_of(user) != stream_of(node):
+            last[stream_of(user)] = user
+    return list(last.values())
 
 
 def sync_deallocations(gm: torch.fx.GraphModule) -> bool:
@@ -47,23 +53,25 @@ def sync_deallocations(gm: torch.fx.GraphModule) -> bool:
             continue
         if not isinstance(node.meta.get("val"), torch.Tensor):
             continue
-        last = _last_user(node, order)
-        if last is None or stream_of(last) == stream_of(node):
-            continue
-        event = api.new_event(device_of(node), phase="backward")
-        with graph.inserting_after(last):
-            recorded = graph.call_function(
-                torch.ops.streams.record_event.default, (event, stream_index(last))
-            )
-        with graph.inserting_after(recorded):
-            waited = graph.call_function(
-                torch.ops.streams.sync_dealloc.default, (event, stream_index(node), node)
-            )
-        for added, note in (
-            (recorded, f"after the last use of {node.name} ({last.name})"),
-            (waited, f"{node.name}'s stream waits before reusing its memory"),
-        ):
-            mark_backward(added)
-            record(added, PASS_NAME, note)
-        changed = True
+        for last in _last_use_on_other_streams(node, order):
+            _insert_dealloc_sync(graph, node, last)
+            changed = True
     return changed
+
+
+def _insert_dealloc_sync(graph: torch.fx.Graph, node: torch.fx.Node, last: torch.fx.Node) -> None:
+    event = api.new_event(device_of(node), phase="backward")
+    with graph.inserting_after(last):
+        recorded = graph.call_function(
+            torch.ops.streams.record_event.default, (event, stream_index(last))
+        )
+    with graph.inserting_after(recorded):
+        waited = graph.call_function(
+            torch.ops.streams.sync_dealloc.default, (event, stream_index(node), node)
+        )
+    for added, note in (
+        (recorded, f"after the last use of {node.name} on its stream ({last.name})"),
+        (waited, f"{node.name}'s stream waits before reusing its memory"),
+    ):
+        mark_backward(added)
+        record(added, PASS_NAME, note)

@@ -21,8 +21,13 @@ import torch
 
 from ..simulator import SimEvent, SimStream
 
-UNARY = {"sin": "{0}.sin()", "cos": "{0}.cos()", "tanh": "{0}.tanh()", "neg": "-{0}",
-         "scale": "{0} * 0.5"}
+UNARY = {
+    "sin": "{0}.sin()",
+    "cos": "{0}.cos()",
+    "tanh": "{0}.tanh()",
+    "neg": "-{0}",
+    "scale": "{0} * 0.5",
+}
 BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}"}
 INPLACE = {"add_": "{0}.add_({1})", "sub_": "{0}.sub_({1})", "mul_": "{0}.mul_(2.0)"}
 LEAVES = ("x", "w")

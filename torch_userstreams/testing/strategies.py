@@ -47,7 +47,11 @@ from .programs import (
 )
 
 ALL_SYNC_FORMS = (
-    "event", "wait_event", "wait_stream", "record_in_with", "synchronize_event",
+    "event",
+    "wait_event",
+    "wait_stream",
+    "record_in_with",
+    "synchronize_event",
     "synchronize_stream",
 )
 # torch 2.11's Dynamo drops Stream.wait_event/wait_stream/synchronize and
@@ -80,8 +84,9 @@ class _Value:
 class _Builder:
     """Draws one program, statement by statement, keeping it race-free."""
 
-    def __init__(self, draw: Callable[[Any], Any], streams: list[str], forms: tuple[str, ...],
-                 max_ops: int) -> None:
+    def __init__(
+        self, draw: Callable[[Any], Any], streams: list[str], forms: tuple[str, ...], max_ops: int
+    ) -> None:
         self.draw = draw
         self.streams = streams
         self.forms = forms
