@@ -41,9 +41,3 @@ def factory_for(example: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     else:
         cls = type(example)
     return functools.partial(cls, *args, **kwargs)
-
-
-def build_now(example_cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Build the compile-time example with the class the prologue will use at run time."""
-    probe = example_cls(*args, **kwargs)
-    return factory_for(probe, args, kwargs)()
