@@ -81,11 +81,9 @@ def _current_translator_output() -> Any:
 
 def current_table() -> UserObjectTable:
     """The table a registration made right now belongs to (see the module docstring)."""
-    if _compile_state.compiling:
-        return table_of(_compile_state.compiling[-1])
-    output = _current_translator_output()
-    if output is not None:
-        return table_of(output)
+    table = table_if_compiling()
+    if table is not None:
+        return table
     if _compile_state.staging is None:
         _compile_state.staging = UserObjectTable()
     return _compile_state.staging
@@ -93,11 +91,9 @@ def current_table() -> UserObjectTable:
 
 def compiling_table(api_name: str) -> UserObjectTable:
     """The table of the graph whose backend is compiling; an error outside a compile."""
-    if _compile_state.compiling:
-        return table_of(_compile_state.compiling[-1])
-    output = _current_translator_output()
-    if output is not None:
-        return table_of(output)
+    table = table_if_compiling()
+    if table is not None:
+        return table
     raise NotCompilingError(
         f"torch_userstreams.{api_name}() was called outside a compile. It requests an "
         "object for the graph being compiled, so call it from a backend (or a pass it runs) "
