@@ -8,7 +8,6 @@ by the prologue with exactly the device and flags asked for here.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -34,7 +33,7 @@ def _add_requested(
     origin: str,
     phase: Phase | str | None,
 ) -> int:
-    factory = functools.partial(cls, **kwargs)
+    factory = factories.constructor(cls, (), kwargs)
     example = factory()
     added_by, inferred = provenance.caller()
     return table.add(
@@ -110,7 +109,7 @@ def current_stream_entry(table: UserObjectTable, device: torch.device, added_by:
     if device.type == "cpu":
         # CPU has no stream switching: its current stream is the default CPU stream.
         cpu_stream_class = factories.stream_class(torch.Stream(device="cpu"))
-        factory = functools.partial(cpu_stream_class, device="cpu")
+        factory = factories.constructor(cpu_stream_class, (), {"device": "cpu"})
         emit, example = emitters.from_factory(factory), factory()
     else:
         emit, example = emitters.current_stream(device), torch.accelerator.current_stream(device)
