@@ -28,17 +28,23 @@ def installed() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def spy_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remember the binding of the last compiled call, for tests that inspect its objects."""
+    """Remember the binding of every compiled call, for tests that inspect its objects."""
     from helpers import LAST_BINDING
 
     from torch_userstreams import runtime
 
-    real_call = runtime.BoundGraph.__call__
+    real_runner = runtime.runner
 
-    def call(self: runtime.BoundGraph, *args: Any) -> Any:
-        binding = runtime._state.pending
-        out = real_call(self, *args)
-        LAST_BINDING[0] = binding
-        return out
+    def runner(bound: runtime.BoundGraph) -> Any:
+        run = real_runner(bound)
 
-    monkeypatch.setattr(runtime.BoundGraph, "__call__", call)
+        def spy(*args: Any) -> Any:
+            binding = runtime._state.calls.pending
+            out = run(*args)
+            LAST_BINDING[:] = [binding]
+            return out
+
+        return spy
+
+    LAST_BINDING.clear()
+    monkeypatch.setattr(runtime, "runner", runner)

@@ -37,17 +37,25 @@ def run_threads(worker: Callable[[int], None], count: int) -> None:
         thread.join()
 
 
-LAST_BINDING: list[Any] = [None]  # filled by the ``spy_bindings`` fixture in conftest.py
+# The last compiled call's binding, from conftest's spy. Only one: the spy holds it strongly,
+# and tests count live objects.
+LAST_BINDING: list[Any] = []
 
 
 def last_binding() -> Any:
     """The binding of the compiled call that last returned (on any thread)."""
-    return LAST_BINDING[0]
+    return LAST_BINDING[0] if LAST_BINDING else None
+
+
+def forget_bindings() -> None:
+    """Drop the spy's references, which would keep the calls' input streams alive."""
+    LAST_BINDING.clear()
 
 
 def backward_events(binding: Any) -> list[Any]:
     """The objects a call created for its backward (AOTAutograd's sync events)."""
+    from torch_userstreams.runtime import graph_of, objects_of
     from torch_userstreams.table import Phase
 
-    entries = binding.graph.table.entries
-    return [binding.objects[e.index] for e in entries if e.phase is Phase.BACKWARD]
+    entries = graph_of(binding).table.entries
+    return [objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]

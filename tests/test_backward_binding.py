@@ -7,10 +7,12 @@ import threading
 
 import pytest
 import torch
-from helpers import backward_events, last_binding, live_user_objects
+from helpers import backward_events, forget_bindings, last_binding, live_user_objects
 
 import torch_userstreams
+from torch_userstreams import runtime
 from torch_userstreams.errors import UserObjectError
+from torch_userstreams.runtime import graph_of
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.table import Phase
 
@@ -82,18 +84,21 @@ def test_one_function_with_a_graph_break(monkeypatch: pytest.MonkeyPatch) -> Non
     compiled = torch.compile(broken, backend=BACKEND)
     x, w = leaves(2)
     bindings: list = []  # type: ignore[type-arg]
-    from torch_userstreams import runtime
+    spied_runner = runtime.runner
 
-    spied_call = runtime.BoundGraph.__call__
+    def runner(bound: runtime.BoundGraph):  # type: ignore[no-untyped-def]
+        run = spied_runner(bound)
 
-    def spy(self, *args):  # type: ignore[no-untyped-def]
-        out = spied_call(self, *args)
-        bindings.append(last_binding())
-        return out
+        def spy(*args):  # type: ignore[no-untyped-def]
+            out = run(*args)
+            bindings.append(last_binding())
+            return out
 
-    monkeypatch.setattr(runtime.BoundGraph, "__call__", spy)
+        return spy
+
+    monkeypatch.setattr(runtime, "runner", runner)
     out = compiled(x, w)
-    assert len({id(b.graph) for b in bindings}) == 2, "two graphs, each with its own table"
+    assert len({id(graph_of(b)) for b in bindings}) == 2, "two graphs, each with its own table"
     out.backward()
     assert all(recorded(backward_events(b)) > 0 for b in bindings)
     for got, want in zip([x.grad, w.grad], eager_grads(broken, x, w), strict=True):
@@ -177,6 +182,7 @@ def test_dead_input_stream_gives_a_clear_error() -> None:
     compiled(x, w, s).backward()  # compile (guards may hold the first stream)
     doomed = SimStream(device="cpu")
     out = compiled(x, w, doomed)
+    forget_bindings()
     del doomed
     gc.collect()
     with pytest.raises(

@@ -61,11 +61,12 @@ class TestPrologue(expecttest.TestCase):
 user objects of graph uses_input_stream [n/n]: 1
   [0] input          forward  SimStream    L['s']  (added by dynamo)
 prologue:
-  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_graph
   LOAD_FAST s
-  PRECALL 1
-  CALL 1
-  POP_TOP""",
+  BUILD_TUPLE 2
+  LOAD_GLOBAL __userstreams_thread
+  LOAD_ATTR calls
+  STORE_ATTR pending""",
         )
 
     def test_local_stream(self) -> None:
@@ -75,13 +76,14 @@ prologue:
 user objects of graph makes_stream [n/n]: 1
   [0] graph-created  forward  Stream       torch.Stream(device='cpu') in the function  (added by dynamo)
 prologue:
-  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   PRECALL 0
   CALL 0
-  PRECALL 1
-  CALL 1
-  POP_TOP""",
+  BUILD_TUPLE 2
+  LOAD_GLOBAL __userstreams_thread
+  LOAD_ATTR calls
+  STORE_ATTR pending""",
         )
 
     def test_local_event(self) -> None:
@@ -92,14 +94,15 @@ user objects of graph makes_event [n/n]: 2
   [0] graph-created  forward  Event        torch.Event(device='cpu') in the function  (added by dynamo)
   [1] input          forward  SimStream    L['s']  (added by dynamo)
 prologue:
-  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   PRECALL 0
   CALL 0
   LOAD_FAST s
-  PRECALL 2
-  CALL 2
-  POP_TOP""",
+  BUILD_TUPLE 3
+  LOAD_GLOBAL __userstreams_thread
+  LOAD_ATTR calls
+  STORE_ATTR pending""",
         )
 
     def test_current_stream_requested_by_backend(self) -> None:
@@ -113,13 +116,14 @@ prologue:
 user objects of graph <lambda> [n/n]: 1
   [0] current-stream forward  SimStream    current stream of cpu  (added by test_prologue_expect.backend)
 prologue:
-  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   PRECALL 0
   CALL 0
-  PRECALL 1
-  CALL 1
-  POP_TOP""",
+  BUILD_TUPLE 2
+  LOAD_GLOBAL __userstreams_thread
+  LOAD_ATTR calls
+  STORE_ATTR pending""",
         )
 
     def test_event_requested_by_backend(self) -> None:
@@ -133,13 +137,14 @@ prologue:
 user objects of graph <lambda> [n/n]: 1
   [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test_prologue_expect.backend)
 prologue:
-  LOAD_GLOBAL __userstreams_bind
+  LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   PRECALL 0
   CALL 0
-  PRECALL 1
-  CALL 1
-  POP_TOP""",
+  BUILD_TUPLE 2
+  LOAD_GLOBAL __userstreams_thread
+  LOAD_ATTR calls
+  STORE_ATTR pending""",
         )
 
     def test_graph_with_lookup_nodes(self) -> None:

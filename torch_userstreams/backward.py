@@ -53,35 +53,18 @@ def compiled_backward_nodes(out: Any) -> list[Any]:
     return list(found.values())
 
 
-def _needs_backward(out: Any) -> bool:
-    """Cheap test on the per-call path: does any output carry an autograd graph?"""
-    if not _grad_enabled():
-        return False
-    if type(out) is not tuple and type(out) is not list:
-        out = (out,)
-    for item in out:
-        if type(item) is torch.Tensor and item.grad_fn is not None:
-            return True
-        if isinstance(item, torch.Tensor) and item.grad_fn is not None:
-            return True
-    return False
-
-
-_grad_enabled = torch.is_grad_enabled
-
-
-def attach(binding: runtime.Binding, out: Any) -> bool:
+def attach(binding: runtime.Binding, out: Any) -> runtime.Binding | None:
     """Make the backward of this call resolve user objects against ``binding``.
 
-    Returns False when the outputs have an autograd graph but no compiled backward node (a
-    backend without AOTAutograd): the graph's structure is fixed, so the caller stops asking.
+    Called after a forward whose outputs carry an autograd graph. Returns the binding the
+    call keeps (inputs weakened, since a backward holds it), or None when there is no
+    compiled backward node (a backend without AOTAutograd): the graph's structure is fixed,
+    so the caller stops asking.
     """
-    if not _needs_backward(out):
-        return True
     nodes = compiled_backward_nodes(out)
     if not nodes:
-        return False
-    binding.weaken_inputs()
+        return None
+    binding = runtime.weakened(binding)
     for node in nodes:
         setattr(node, runtime.BINDING_ATTR, binding)
-    return True
+    return binding

@@ -67,7 +67,7 @@ def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, ru
     from torch._dynamo.eval_frame import innermost_fn
 
     bound = runtime.BoundGraph(innermost_fn(compiled), table, backward.attach)
-    return disable(bound, reason="torch_userstreams: runs a compiled graph"), bound
+    return disable(bound.run, reason="torch_userstreams: runs a compiled graph"), bound
 
 
 def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_targets: tuple) -> Any:

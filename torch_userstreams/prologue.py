@@ -1,12 +1,14 @@
 """Generate a graph's prologue: bytecode that binds one call's user objects.
 
 Emitted once per graph, *after* the backend returned, so objects the backend requested
-while compiling are in it. Shape (one call, then one ``POP_TOP``)::
+while compiling are in it. Shape::
 
-    __userstreams_bind(<object 0>, <object 1>, ...)
+    __userstreams_thread.calls.pending = (__userstreams_graph, <object 0>, <object 1>, ...)
 
-where ``__userstreams_bind`` is the graph's ``BoundGraph.bind``. A graph whose table is
-empty gets no prologue at all.
+where ``__userstreams_graph`` is the graph's ``BoundGraph`` and ``__userstreams_thread`` the
+runtime's thread-local state. The tuple is the call's binding; no Python frame runs but the
+factories of graph-created objects, and the graph call right after takes the binding from
+``pending``. A graph whose table is empty gets no prologue at all.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import emitters
-from .runtime import BoundGraph
+from . import emitters, runtime
 from .table import EntryKind, UserObjectTable
 
-BIND_GLOBAL = "__userstreams_bind"
+GRAPH_GLOBAL = "__userstreams_graph"
+THREAD_GLOBAL = "__userstreams_thread"
 STREAM_OPS_NAMESPACE = "streams"
 
 
@@ -53,18 +55,23 @@ def mark_live(table: UserObjectTable, graph: Any, lookup_targets: tuple[Any, ...
             entry.live = entry.index in used
 
 
-def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:
-    """The prologue instructions for ``table``, binding into ``bound``."""
-    from torch._dynamo.bytecode_transformation import create_call_function
+def build(output_graph: Any, table: UserObjectTable, bound: runtime.BoundGraph) -> list[Any]:
+    """The prologue instructions for ``table``, leaving the call's binding for ``bound``."""
+    from torch._dynamo.bytecode_transformation import create_instruction
     from torch._dynamo.codegen import PyCodegen
 
     cg = PyCodegen(output_graph.root_tx)
-    name = output_graph.install_global(BIND_GLOBAL, bound.bind)
-    cg.add_push_null(lambda: cg.append_output(cg.create_load_global(name, add=True)))
+
+    def load_global(name: str, value: Any) -> None:
+        cg.append_output(cg.create_load_global(output_graph.install_global(name, value), add=True))
+
+    load_global(GRAPH_GLOBAL, bound)
     for entry in table.entries:
         (entry.emit if entry.live else emitters.placeholder)(cg)
-    cg.extend_output(create_call_function(len(table.entries), False))
-    cg.pop_top()
+    cg.append_output(create_instruction("BUILD_TUPLE", arg=len(table.entries) + 1))
+    load_global(THREAD_GLOBAL, runtime.thread_state())
+    cg.append_output(cg.create_load_attr("calls"))
+    cg.append_output(cg.create_store_attr("pending"))
     return list(cg.get_instructions())
 
 

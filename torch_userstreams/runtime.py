@@ -1,11 +1,12 @@
 """Per-call binding of user objects, and the lookup every compiled graph reads them with.
 
-The prologue of a call builds or loads that call's objects and hands them to the graph's
-``BoundGraph`` (``bind``); the ``BoundGraph`` then runs the compiled function with that
-``Binding`` on top of a thread-local stack, so every ``lookup(i)`` made while it runs — FX
-nodes, ``streams::*`` ops, Inductor's wrapper — resolves against *this* call. Nothing is
-global: a nested compiled call pushes its own binding, another thread has its own stack,
-and a backward finds the binding of the forward call it differentiates on its autograd node
+The prologue of a call builds a ``Binding`` (the graph, then that call's objects) and
+leaves it in this thread's ``pending`` slot; the graph's ``BoundGraph`` takes it from there
+and runs the compiled function with it as the thread's current binding, so every
+``lookup(i)`` made while it runs — FX nodes, ``streams::*`` ops, Inductor's wrapper —
+resolves against *this* call. Nothing is global: a nested compiled call makes its own
+binding current and restores the outer one, another thread has its own, and a backward
+finds the binding of the forward call it differentiates on its autograd node
 (``backward.py``).
 """
 
@@ -24,122 +25,182 @@ from .table import UserObjectTable
 _WEAKREF = weakref.ReferenceType
 
 
-class _ThreadState(threading.local):
+class _Calls:
+    """This thread's compiled calls. One thread-local read finds it; its slots are cheap."""
+
+    __slots__ = ("current", "exported", "last", "pending")
+
     def __init__(self) -> None:
-        self.stack: list[Binding] = []
+        # The binding of the innermost call running on this thread; each call restores the
+        # one it found (its caller's, for a compiled call nested in another).
+        self.current: Binding | None = None
+        # Written by the prologue bytecode, taken by the graph call right after it.
+        self.pending: Binding | None = None
         # The binding of the last call that returned on this thread: the bytecode right
         # after a graph call (returning a graph-created stream) still reads it.
         self.last: Binding | None = None
-        self.pending: Binding | None = None
         # Strict torch.export re-runs the last exported graph after Dynamo's compile has
         # closed, outside any call: its lookups resolve to that graph's example objects.
         self.exported: UserObjectTable | None = None
 
 
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.calls = _Calls()
+
+
 _state = _ThreadState()
 
 
-class Binding:
-    """The objects of one call of one graph, in table order."""
+def thread_state() -> threading.local:
+    """The thread-local whose ``calls.pending`` slot the prologue bytecode writes."""
+    return _state
 
-    __slots__ = ("__weakref__", "graph", "objects")
 
-    def __init__(self, graph: BoundGraph, objects: tuple[Any, ...]) -> None:
-        self.graph = graph
-        self.objects: tuple[Any, ...] | list[Any] = objects
+# A call's binding is a plain tuple ``(graph, object 0, object 1, ...)``: the prologue
+# builds it with one ``BUILD_TUPLE`` and no Python frame (a tuple subclass would cost a copy
+# per call), and ``lookup(i)`` reads item ``i + 1``. An entry is None when the prologue did
+# not load it, or a weak reference once a backward holds the binding (inputs only).
+Binding = tuple  # type: ignore[type-arg]
 
-    def resolve(self, index: int) -> Any:
-        try:
-            obj = self.objects[index]
-        except (IndexError, TypeError):
-            raise UserObjectError(
-                f"torch_userstreams: graph {self.graph.table.graph_name} has no user object "
-                f"at index {index} (its table has {len(self.objects)} entries). The index was "
-                "registered for another graph; request objects through the compile being run."
-            ) from None
-        if type(obj) is _WEAKREF:
-            obj = obj()
-            if obj is None:
-                self._dead(index)
-        elif obj is None:
-            self._unused(index)
-        return obj
 
-    def weaken_inputs(self) -> None:
-        """Keep only what the call created: inputs stay owned by the user (for backward)."""
-        entries = self.graph.table.entries
-        objects = list(self.objects)
-        for i, entry in enumerate(entries):
-            if not entry.held_strongly and objects[i] is not None:
-                objects[i] = weakref.ref(objects[i])
-        self.objects = objects
+def graph_of(binding: Binding) -> BoundGraph:
+    return binding[0]  # type: ignore[no-any-return]
 
-    def _dead(self, index: int) -> None:
-        entry = self.graph.table.entries[index]
+
+def objects_of(binding: Binding) -> tuple[Any, ...]:
+    return binding[1:]
+
+
+def resolve(binding: Binding, index: int) -> Any:
+    """The object at table ``index``: dereferenced if held weakly, checked if absent."""
+    if type(index) is not int or not 0 <= index < len(binding) - 1:
         raise UserObjectError(
-            f"torch_userstreams: user object {index} of graph {self.graph.table.graph_name} "
-            f"({entry.kind.value} {entry.example_type}, {entry.origin}) is no longer alive "
-            "when the backward needs it. Keep the stream/event alive until backward() has run."
+            f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user "
+            f"object at index {index!r} (its table has {len(binding) - 1} entries). The index "
+            "was registered for another graph; request objects through the compile being run."
         )
+    obj = binding[index + 1]
+    if type(obj) is _WEAKREF:
+        obj = obj()
+        if obj is None:
+            raise _dead(binding, index)
+    elif obj is None:
+        raise _unused(binding, index)
+    return obj
 
-    def _unused(self, index: int) -> None:
-        entry = self.graph.table.entries[index]
-        raise UserObjectError(
-            f"torch_userstreams: user object {index} of graph {self.graph.table.graph_name} "
-            f"({entry.origin}) was not loaded by the prologue because no node of the graph "
-            "read it at compile time. A backend that reads it must request it with "
-            "torch_userstreams.current_stream() while compiling."
-        )
+
+def weakened(binding: Binding) -> Binding:
+    """``binding`` holding only what the call created strongly: inputs stay owned by the
+    user (the backward keeps this one)."""
+    graph = graph_of(binding)
+    objects = (
+        obj if obj is None or entry.held_strongly else weakref.ref(obj)
+        for entry, obj in zip(graph.table.entries, objects_of(binding), strict=True)
+    )
+    return (graph, *objects)
+
+
+def _dead(binding: Binding, index: int) -> UserObjectError:
+    table = graph_of(binding).table
+    entry = table.entries[index]
+    return UserObjectError(
+        f"torch_userstreams: user object {index} of graph {table.graph_name} "
+        f"({entry.kind.value} {entry.example_type}, {entry.origin}) is no longer alive "
+        "when the backward needs it. Keep the stream/event alive until backward() has run."
+    )
+
+
+def _unused(binding: Binding, index: int) -> UserObjectError:
+    table = graph_of(binding).table
+    entry = table.entries[index]
+    return UserObjectError(
+        f"torch_userstreams: user object {index} of graph {table.graph_name} "
+        f"({entry.origin}) was not loaded by the prologue because no node of the graph "
+        "read it at compile time. A backend that reads it must request it with "
+        "torch_userstreams.current_stream() while compiling."
+    )
+
+
+AfterForward = Callable[[Binding, Any], Binding | None]
 
 
 class BoundGraph:
-    """Wraps a compiled graph that has user objects: binds each call's objects around it."""
+    """Wraps a compiled graph that has user objects: runs each call with its binding.
 
-    __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "table")
+    The frame calls ``run`` (a closure, cheaper to call than ``__call__``), which takes the
+    binding the prologue left in this thread's ``pending`` slot.
+    """
+
+    __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "run", "table")
 
     def __init__(
         self,
         fn: Callable[..., Any],
         table: UserObjectTable,
-        after_forward: Callable[[Binding, Any], bool] | None = None,
+        after_forward: AfterForward | None = None,
     ) -> None:
         self.fn = fn
         self.table = table
+        # Called after a call made with grad enabled; returns the binding to keep, or None
+        # when this graph has no compiled backward (then it is never called again).
         self.after_forward = after_forward
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
         self.returns_objects = False
-
-    def bind(self, *objects: Any) -> None:
-        """Called by the prologue, just before the graph call, with this call's objects."""
-        _state.pending = Binding(self, objects)
+        self.run = runner(self)
 
     def __call__(self, *args: Any) -> Any:
-        state = _state
-        binding = state.pending
-        if binding is None or binding.graph is not self:
-            raise UserObjectError(
-                f"torch_userstreams: graph {self.table.graph_name} was called without its "
-                "prologue binding its user objects. Call the compiled function, not the "
-                "graph stored in the frame's globals."
-            )
-        state.pending = None
-        if not _native_lookup:
-            _feed_native_table(binding)
-        stack = state.stack
-        stack.append(binding)
-        try:
-            out = self.fn(*args)
-        finally:
-            stack.pop()
-        if self.returns_objects:
-            state.last = binding
-        if self.after_forward is not None and not self.after_forward(binding, out):
-            self.after_forward = None  # this graph has no compiled backward to bind
-        return out
+        return self.run(*args)
+
+    def unbound_call(self) -> UserObjectError:
+        return UserObjectError(
+            f"torch_userstreams: graph {self.table.graph_name} was called without its "
+            "prologue binding its user objects. Call the compiled function, not the "
+            "graph stored in the frame's globals."
+        )
 
     def __repr__(self) -> str:
         return f"BoundGraph({self.table.graph_name}, {len(self.table)} user objects)"
+
+
+def runner(bound: BoundGraph) -> Callable[..., Any]:
+    """The per-call path of ``bound``: take the pending binding, run the graph with it on
+    as the thread's current binding, then hand it to the backward (``after_forward``)."""
+    state = _state
+    fn = bound.fn
+    tensor = torch.Tensor
+
+    def run(*args: Any) -> Any:
+        calls = state.calls
+        binding = calls.pending
+        if binding is None or binding[0] is not bound:
+            raise bound.unbound_call()
+        calls.pending = None
+        if not _native_lookup:
+            _feed_native_table(binding)
+        outer = calls.current
+        calls.current = binding
+        try:
+            out = fn(*args)
+        finally:
+            calls.current = outer
+        if bound.after_forward is not None:
+            # Only outputs that carry an autograd graph have a backward to hand over to.
+            for item in out if type(out) is tuple or type(out) is list else (out,):
+                if isinstance(item, tensor) and item.grad_fn is not None:
+                    kept = bound.after_forward(binding, out)
+                    if kept is None:
+                        bound.after_forward = None  # this graph has no compiled backward
+                    else:
+                        binding = kept
+                    break
+        if bound.returns_objects:
+            calls.last = binding
+        return out
+
+    _never_trace(run)
+    return run
 
 
 NativeLookup = Callable[[int], Any]
@@ -173,22 +234,28 @@ def _feed_native_table(binding: Binding) -> None:
     """After ``uninstall()`` native ``streams::*`` ops read native's table: fill it too."""
     from torch._dynamo import graph_bytecode_inputs as native
 
-    native.store_user_object_weakrefs(*(o for o in binding.objects if o is not None))
+    native.store_user_object_weakrefs(*(o for o in objects_of(binding) if o is not None))
 
 
 def lookup(index: int) -> Any:
     """The current call's user object at ``index``; usable as an FX node target."""
-    state = _state
-    stack = state.stack
-    if stack:
-        return stack[-1].resolve(index)
-    binding = _backward_binding()
+    binding = _state.calls.current
     if binding is not None:
-        return binding.resolve(index)
+        if index >= 0:  # the common case, a strongly held object, without calling resolve
+            try:
+                obj = binding[index + 1]
+            except IndexError:
+                obj = None
+            if obj is not None and type(obj) is not _WEAKREF:
+                return obj
+        return resolve(binding, index)
+    backward_binding = _backward_binding()
+    if backward_binding is not None:
+        return resolve(backward_binding, index)
     compile_table = _compile_time_table()
     if compile_table is not None:
         return compile_table.example(index)
-    exported = state.exported
+    exported = _state.calls.exported
     if exported is not None:
         return exported.example(index)
     if _native_lookup:
@@ -205,23 +272,23 @@ def returned_object(index: int) -> Any:
     The bytecode right after a graph call uses this to return a stream or event the graph
     created (``return y, torch.Stream(...)``); ``lookup`` only serves running calls.
     """
-    binding = _state.last
+    binding = _state.calls.last
     if binding is None:
         raise UserObjectError(
             f"torch_userstreams: no compiled call has returned on this thread, so user "
             f"object {index} cannot be returned from it."
         )
-    return binding.resolve(index)
+    return resolve(binding, index)
 
 
 def set_exported(table: UserObjectTable | None) -> None:
-    _state.exported = table
+    _state.calls.exported = table
 
 
 def forget_thread_state() -> None:
     """Drop what this thread keeps past a call (on ``uninstall()``)."""
-    _state.last = None
-    _state.exported = None
+    _state.calls.last = None
+    _state.calls.exported = None
 
 
 def _never_trace(*functions: Callable[..., Any]) -> None:
@@ -232,4 +299,4 @@ def _never_trace(*functions: Callable[..., Any]) -> None:
         skip_code(fn.__code__)
 
 
-_never_trace(BoundGraph.bind, BoundGraph.__call__, Binding.__init__, returned_object, lookup)
+_never_trace(BoundGraph.__call__, returned_object, lookup)
