@@ -10,7 +10,7 @@ class Config:
     """How much work each benchmark does."""
 
     calls: int = 10_000  # timed calls per sample; also the live-object call count
-    repeats: int = 7  # samples per mode; the median is reported
+    repeats: int = 7  # samples (compiled sessions) per mode; the median is reported
     compile_repeats: int = 5  # fresh compiles per mode for compile_time
     cuda_iters: int = 50  # iterations per CUDA overlap sample
 

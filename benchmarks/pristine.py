@@ -1,8 +1,11 @@
-"""Child process for overhead (a): native timed *before* the package is ever imported.
+"""Child process for overhead (a): a graph compiled before the package was ever imported.
 
-The parent's native runs follow an install()/uninstall(); this one rules out anything an
-install leaves behind. Package runs follow in the same child so the ratio never crosses
-processes. Prints one JSON line: per-call ns samples for both.
+The parent's native graphs are compiled after an install()/uninstall(); this child compiles
+(a) in a process that has never imported torch_userstreams, times it, then imports and
+installs the package, compiles a fresh copy of (a) with it, and times the two compiled
+functions in alternating short chunks (ABBA): machine noise, which comes in bursts, then
+hits both sides of each pair alike. Prints one JSON line: every pair's per-call ns, and the
+never-installed graph's fastest chunk from before the import.
 """
 
 from __future__ import annotations
@@ -10,31 +13,44 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
+from typing import Any
 
 import torch
 
-from .timing import per_call_ns, warm_up
+from .timing import CHUNK_CALLS, per_call_ns, warm_up
 from .workloads import stream_free
 
-
-def _sample(calls: int) -> float:
-    torch._dynamo.reset()
-    compiled = torch.compile(stream_free, backend="eager")
-    args = (torch.ones(4),)
-    warm_up(compiled, args, calls)
-    return per_call_ns(compiled, args, calls)
+ARGS = (torch.ones(4),)
 
 
-def measure(calls: int, repeats: int) -> dict[str, list[float]]:
-    never_installed = [_sample(calls) for _ in range(repeats)]
+def _compiled_copy(calls: int) -> Any:
+    """A fresh copy of (a) (its own code object, so its own compile), compiled and warm."""
+    code = stream_free.__code__.replace()
+    compiled = torch.compile(types.FunctionType(code, stream_free.__globals__), backend="eager")
+    warm_up(compiled, ARGS, calls)
+    return compiled
+
+
+def measure(calls: int, repeats: int) -> dict[str, Any]:
+    chunk = min(CHUNK_CALLS, calls)
+    rounds = max(2, calls // chunk) * repeats
+    never_installed = _compiled_copy(calls)
+    before_import = min(per_call_ns(never_installed, ARGS, chunk) for _ in range(rounds))
     assert "torch_userstreams" not in sys.modules, "the never-installed run imported it"
-    from .modes import patched  # first import of torch_userstreams in this process
+    import torch_userstreams  # first import in this process
 
-    package = []
-    for _ in range(repeats):
-        with patched(True):
-            package.append(_sample(calls))
-    return {"never_installed": never_installed, "package": package}
+    torch_userstreams.install()
+    try:
+        package = _compiled_copy(calls)
+        pairs = []
+        for r in range(rounds):
+            sides = (never_installed, package) if r % 2 == 0 else (package, never_installed)
+            ns = {id(fn): per_call_ns(fn, ARGS, chunk) for fn in sides}
+            pairs.append((ns[id(never_installed)], ns[id(package)]))
+    finally:
+        torch_userstreams.uninstall()
+    return {"pairs_ns": pairs, "never_installed_before_import_ns": before_import}
 
 
 def main(argv: list[str] | None = None) -> int:

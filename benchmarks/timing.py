@@ -36,6 +36,11 @@ def per_call_ns(
             gc.enable()
 
 
+# Calls per timed chunk: a few ms, so that chunks compared with each other run close
+# together in time and machine noise (which comes in bursts) hits them alike.
+CHUNK_CALLS = 250
+
+
 def median(samples: Sequence[float]) -> float:
     return float(statistics.median(samples))
 
