@@ -61,7 +61,7 @@ def thread_state() -> threading.local:
 # builds it with one ``BUILD_TUPLE`` and no Python frame (a tuple subclass would cost a copy
 # per call), and ``lookup(i)`` reads item ``i + 1``. An entry is None when the prologue did
 # not load it, or a weak reference once a backward holds the binding (inputs only).
-Binding = tuple  # type: ignore[type-arg]
+Binding = tuple[Any, ...]
 
 
 def graph_of(binding: Binding) -> BoundGraph:
@@ -165,7 +165,7 @@ class BoundGraph:
 
 
 def runner(bound: BoundGraph) -> Callable[..., Any]:
-    """The per-call path of ``bound``: take the pending binding, run the graph with it on
+    """The per-call path of ``bound``: take the pending binding, run the graph with it
     as the thread's current binding, then hand it to the backward (``after_forward``)."""
     state = _state
     fn = bound.fn
