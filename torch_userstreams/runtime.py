@@ -101,24 +101,31 @@ def weakened(binding: Binding) -> Binding:
     return (graph, *objects)
 
 
-def _dead(binding: Binding, index: int) -> UserObjectError:
+def _entry_error(binding: Binding, index: int, why: str) -> UserObjectError:
     table = graph_of(binding).table
     entry = table.entries[index]
     return UserObjectError(
         f"torch_userstreams: user object {index} of graph {table.graph_name} "
-        f"({entry.kind.value} {entry.example_type}, {entry.origin}) is no longer alive "
-        "when the backward needs it. Keep the stream/event alive until backward() has run."
+        f"({entry.kind.value} {entry.example_type}, {entry.origin}) {why}"
+    )
+
+
+def _dead(binding: Binding, index: int) -> UserObjectError:
+    return _entry_error(
+        binding,
+        index,
+        "is no longer alive when the backward needs it. Keep the stream/event alive until "
+        "backward() has run.",
     )
 
 
 def _unused(binding: Binding, index: int) -> UserObjectError:
-    table = graph_of(binding).table
-    entry = table.entries[index]
-    return UserObjectError(
-        f"torch_userstreams: user object {index} of graph {table.graph_name} "
-        f"({entry.origin}) was not loaded by the prologue because no node of the graph "
-        "read it at compile time. A backend that reads it must request it with "
-        "torch_userstreams.current_stream() while compiling."
+    return _entry_error(
+        binding,
+        index,
+        "was not loaded by the prologue because no node of the graph read it at compile "
+        "time. A backend that reads it must request it with "
+        "torch_userstreams.current_stream() while compiling.",
     )
 
 
