@@ -9,6 +9,8 @@ import torch
 
 import torch_userstreams
 
+from .timing import abba
+
 MODES = (False, True)  # package? native first
 
 
@@ -33,5 +35,5 @@ def patched(package: bool) -> Iterator[None]:
 
 def interleaved(repeats: int) -> Iterator[bool]:
     """Native and package alternately, order flipped each round (ABBA), so drift cancels."""
-    for r in range(repeats):
-        yield from MODES if r % 2 == 0 else reversed(MODES)
+    for pair in abba(*MODES, repeats):
+        yield from pair

@@ -24,7 +24,7 @@ import json
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,8 @@ from torch_userstreams import factories
 from .config import Config
 from .modes import MODES, mode_name
 from .results import Row, ratio_row
-from .timing import CHUNK_CALLS, median, ns_to_us, per_call_ns, warm_up
-from .workloads import cpu_workloads
+from .timing import CHUNK_CALLS, abba, median, ns_to_us, per_call_ns, warm_up
+from .workloads import cpu_workloads, fresh_copy
 
 BENCH = "overhead"
 MAX_STREAM_FREE_RATIO = 1.02
@@ -82,14 +82,9 @@ def frame_body(fn: Fn) -> Fn:
     return types.FunctionType(entries[0].code, fn.__globals__, fn.__name__)
 
 
-def _fresh_copy(fn: Fn) -> Fn:
-    """``fn`` with its own code object, so Dynamo compiles and caches it separately."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-
-
 @dataclass
 class Subject:
-    """One thing timed in both modes: (native callable, package callable, args, calls)."""
+    """One thing timed in both modes: a callable per mode, their args, calls per chunk."""
 
     name: str
     native: Fn
@@ -103,7 +98,7 @@ class Subject:
 
 def _compile_copy(fn: Fn, args: tuple[Any, ...], calls: int) -> tuple[Fn, Fn]:
     """A fresh compiled copy of ``fn`` in the current mode, warmed up, and its frame body."""
-    copy = _fresh_copy(fn)
+    copy = fresh_copy(fn)
     compiled = torch.compile(copy, backend="eager")
     warm_up(compiled, args, calls)
     return compiled, frame_body(copy)
@@ -131,12 +126,6 @@ def _session_subjects(calls: int) -> list[Subject]:
         package = functools.partial(fn, *package_makers)
         subjects.append(Subject(label, native, package, (), body_chunk))
     return subjects
-
-
-def _pair_orders(rounds: int) -> Iterator[tuple[bool, bool]]:
-    """ABBA: native first on even rounds, package first on odd ones."""
-    for r in range(rounds):
-        yield MODES if r % 2 == 0 else (MODES[1], MODES[0])
 
 
 Round = dict[tuple[str, bool], float]  # (subject, package?) -> per-call ns of one chunk
@@ -177,7 +166,7 @@ def measure(config: Config) -> Timings:
         torch._dynamo.reset()
         try:
             subjects = _session_subjects(config.calls)
-            orders = _pair_orders(max(2, config.calls // CHUNK_CALLS))
+            orders = abba(*MODES, max(2, config.calls // CHUNK_CALLS))
             rounds.extend(_time_round(subjects, order) for order in orders)
         finally:
             torch_userstreams.uninstall()

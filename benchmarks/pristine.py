@@ -13,21 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import types
 from typing import Any
 
 import torch
 
-from .timing import CHUNK_CALLS, per_call_ns, warm_up
-from .workloads import stream_free
+from .timing import CHUNK_CALLS, abba, per_call_ns, warm_up
+from .workloads import fresh_copy, stream_free
 
 ARGS = (torch.ones(4),)
 
 
 def _compiled_copy(calls: int) -> Any:
     """A fresh copy of (a) (its own code object, so its own compile), compiled and warm."""
-    code = stream_free.__code__.replace()
-    compiled = torch.compile(types.FunctionType(code, stream_free.__globals__), backend="eager")
+    compiled = torch.compile(fresh_copy(stream_free), backend="eager")
     warm_up(compiled, ARGS, calls)
     return compiled
 
@@ -44,8 +42,7 @@ def measure(calls: int, repeats: int) -> dict[str, Any]:
     try:
         package = _compiled_copy(calls)
         pairs = []
-        for r in range(rounds):
-            sides = (never_installed, package) if r % 2 == 0 else (package, never_installed)
+        for sides in abba(never_installed, package, rounds):
             ns = {id(fn): per_call_ns(fn, ARGS, chunk) for fn in sides}
             pairs.append((ns[id(never_installed)], ns[id(package)]))
     finally:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def warm_up(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> None:
@@ -39,6 +41,13 @@ def per_call_ns(
 # Calls per timed chunk: a few ms, so that chunks compared with each other run close
 # together in time and machine noise (which comes in bursts) hits them alike.
 CHUNK_CALLS = 250
+
+
+def abba(first: T, second: T, rounds: int) -> Iterator[tuple[T, T]]:
+    """``rounds`` pairs, ``first`` leading on even rounds and ``second`` on odd ones, so
+    that a drift in machine speed favours neither side."""
+    for r in range(rounds):
+        yield (first, second) if r % 2 == 0 else (second, first)
 
 
 def median(samples: Sequence[float]) -> float:

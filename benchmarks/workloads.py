@@ -6,6 +6,7 @@ event per call, the case native keeps alive forever; (c) reads two input streams
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,11 @@ def two_inputs(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Ten
 
 
 Workload = tuple[str, Callable[..., Any], tuple[Any, ...]]
+
+
+def fresh_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its own code object, so Dynamo compiles and caches it separately."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
 def cpu_workloads() -> list[Workload]:

@@ -135,8 +135,8 @@ AfterForward = Callable[[Binding, Any], Binding | None]
 class BoundGraph:
     """Wraps a compiled graph that has user objects: runs each call with its binding.
 
-    The frame calls ``run`` (a closure, cheaper to call than ``__call__``), which takes the
-    binding the prologue left in this thread's ``pending`` slot.
+    The frame calls ``run`` (a closure: cheaper to call than an instance's ``__call__``),
+    which takes the binding the prologue left in this thread's ``pending`` slot.
     """
 
     __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "run", "table")
@@ -149,16 +149,13 @@ class BoundGraph:
     ) -> None:
         self.fn = fn
         self.table = table
-        # Called after a call made with grad enabled; returns the binding to keep, or None
-        # when this graph has no compiled backward (then it is never called again).
+        # Called after a call whose outputs carry an autograd graph; returns the binding to
+        # keep, or None when this graph has no compiled backward (then never called again).
         self.after_forward = after_forward
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
         self.returns_objects = False
         self.run = runner(self)
-
-    def __call__(self, *args: Any) -> Any:
-        return self.run(*args)
 
     def unbound_call(self) -> UserObjectError:
         return UserObjectError(
@@ -306,4 +303,4 @@ def _never_trace(*functions: Callable[..., Any]) -> None:
         skip_code(fn.__code__)
 
 
-_never_trace(BoundGraph.__call__, returned_object, lookup)
+_never_trace(returned_object, lookup)
