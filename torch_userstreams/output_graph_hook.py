@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import backward, epilogue, prologue, registration, runtime
+from . import backward, epilogue, prologue, registration, runtime, sync_calls
 from .errors import UnsupportedPathError, UserObjectError
 from .table import UserObjectTable
 
@@ -102,7 +102,7 @@ def wrap(original: Callable[..., Any], lookup_targets: tuple[Any, ...]) -> Calla
 
     @functools.wraps(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
-        registration.table_of(self)
+        sync_calls.rewrite(self.graph, lookup_targets, registration.table_of(self))
         with registration.compiling(self):
             result = original(self, *args, **kwargs)
         table = registration.take_table(self)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import dynamo_shims, runtime
+from . import dynamo_shims, runtime, stream_ops
 from .errors import PatchPointError, UnsupportedTorchError
 from .patch_points import (
     LAZY_MODULES,
@@ -30,6 +30,7 @@ from .patch_points import (
     minor_of,
 )
 
+STREAMS_MODULE = "torch._dynamo.variables.streams"
 _PRERELEASE = re.compile(r"(dev|a\d|b\d|rc\d|git)")
 _PACKAGE = __name__.rsplit(".", 1)[0]
 
@@ -46,7 +47,11 @@ class Site:
     @property
     def where(self) -> str:
         owner = getattr(self.owner, "__module__", None)
-        name = getattr(self.owner, "__qualname__", None) or self.owner.__name__
+        name = (
+            getattr(self.owner, "__qualname__", None)
+            or getattr(self.owner, "__name__", None)
+            or repr(self.owner)
+        )
         return (
             f"{owner}.{name}.{self.attr}"
             if owner and inspect.isclass(self.owner)
@@ -168,6 +173,18 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
                 if module is resolved.owner and attr == resolved.attr:
                     continue
                 writes.append((Site(module, attr, vars(module)[attr], point), new))
+    writes.extend(_fake_impl_writes())
+    return writes
+
+
+def _fake_impl_writes() -> list[tuple[Site, Any]]:
+    """Fake implementations for the ``streams`` ops whose native one fails (stream_ops)."""
+    writes = []
+    for opdef, attr, original, new in stream_ops.fake_impl_writes():
+        point = PatchPoint(
+            STREAMS_MODULE, f"{opdef._name}.{attr}", "stream_ops.no_effect_fake", (), aliases=False
+        )
+        writes.append((Site(opdef, attr, original, point), new))
     return writes
 
 

@@ -17,11 +17,11 @@ import re
 from typing import Any
 
 from . import emitters, runtime
+from .stream_ops import is_sync_op
 from .table import EntryKind, UserObjectTable
 
 GRAPH_GLOBAL = "__userstreams_graph"
 THREAD_GLOBAL = "__userstreams_thread"
-STREAM_OPS_NAMESPACE = "streams"
 
 
 def _int_args(node: Any) -> list[int]:
@@ -40,7 +40,7 @@ def referenced_indices(graph: Any, lookup_targets: tuple[Any, ...]) -> set[int]:
         target = node.target
         if any(target is t for t in lookup_targets):
             used.update(_int_args(node))
-        elif getattr(target, "namespace", None) == STREAM_OPS_NAMESPACE:
+        elif is_sync_op(target):
             used.update(_int_args(node))
     return used
 

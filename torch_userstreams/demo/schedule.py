@@ -22,6 +22,7 @@ from ..passes.annotations import stream_of
 from ..registration import collecting_tables
 from ..runtime import lookup
 from ..stream_executor import compile_with_streams
+from ..stream_ops import is_sync_op, op_name
 from ..table import EntryKind, UserObjectTable
 from .config import DemoConfig
 from .model import build_model, make_batches
@@ -67,8 +68,8 @@ def capture_step(config: DemoConfig) -> tuple[Graphs, list[UserObjectTable]]:
 
 
 def _streams_op(node: torch.fx.Node) -> tuple[str, tuple] | None:
-    if getattr(node.target, "namespace", None) == "streams":
-        return str(getattr(node.target, "_opname", node.target)), node.args
+    if is_sync_op(node.target):
+        return op_name(node.target), node.args
     return None
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from .. import api
+from ..stream_ops import is_sync_op
 from .annotations import (
     device_of,
     is_backward,
@@ -25,11 +26,10 @@ from .annotations import (
 )
 
 PASS_NAME = "backward_syncs"
-STREAM_OPS = "streams"
 
 
 def is_sync(node: torch.fx.Node) -> bool:
-    return getattr(node.target, "namespace", None) == STREAM_OPS
+    return is_sync_op(node.target)
 
 
 def _is_backward_value(node: torch.fx.Node) -> bool:

@@ -31,11 +31,11 @@ import torch
 import torch.fx
 
 from ..passes.annotations import device_of, stream_of
+from ..stream_ops import is_sync_op, op_name
 
 StreamKey = int | str | None
 """A table index; ``None`` for the current stream when its index is unknown."""
 
-SYNC_NAMESPACE = "streams"
 CONTROL_DEPS = "control_deps"
 _METADATA_ONLY = frozenset(
     {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim"}
@@ -81,7 +81,7 @@ class Sync:
 
     @property
     def name(self) -> str:
-        return str(getattr(self.op, "_opname", self.op))
+        return op_name(self.op)
 
 
 Step = Kernel | Sync
@@ -107,10 +107,6 @@ class GraphView:
     steps: list[Step]
     buffers: list[Buffer]
     release: dict[Buffer, int]  # position of the last node referencing the buffer
-
-
-def is_sync_op(target: Any) -> bool:
-    return getattr(target, "namespace", None) == SYNC_NAMESPACE
 
 
 def is_control_deps(node: torch.fx.Node) -> bool:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from hypothesis import strategies as st
 
 from .happens_before import StreamClocks
@@ -54,18 +53,9 @@ ALL_SYNC_FORMS = (
     "synchronize_event",
     "synchronize_stream",
 )
-# torch 2.11's Dynamo drops Stream.wait_event/wait_stream/synchronize and
-# Event.synchronize from the graph (silently), so only these are kept there.
-SYNC_FORMS_2_11 = ("event", "record_in_with")
 SAVES_INPUTS = {"mul", "sin", "cos"}
 SAVES_OUTPUT = {"tanh"}
 CURRENT: Hashable = None  # the ambient current stream (top-level code)
-
-
-def default_sync_forms() -> tuple[str, ...]:
-    """The sync spellings this torch's Dynamo puts into the graph."""
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    return SYNC_FORMS_2_11 if version < (2, 13) else ALL_SYNC_FORMS
 
 
 @dataclass
@@ -275,7 +265,7 @@ def programs(
     count = draw(st.integers(2, max_streams))
     is_input = [draw(st.booleans()) for _ in range(count)]
     streams = [f"s{i}" for i in range(count)]
-    builder = _Builder(draw, streams, sync_forms or default_sync_forms(), max_ops)
+    builder = _Builder(draw, streams, sync_forms or ALL_SYNC_FORMS, max_ops)
     # After a graph break in a frame that entered a local stream, Dynamo cannot resume
     # ("annotate escaped") and runs the rest eagerly, where CPU events cannot record.
     breaks = graph_breaks and all(is_input)

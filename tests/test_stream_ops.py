@@ -1,0 +1,131 @@
+"""The sync ops: each runs under FakeTensorMode while installed, and every user spelling of a
+sync reaches the compiled graph on every supported torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_userstreams
+from torch_userstreams import stream_ops
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.testing import capture
+from torch_userstreams.testing.graph_view import Sync, read_graph
+
+# The ops Dynamo or the package's passes put into graphs on every supported torch.
+EMITTED = (
+    "record_event",
+    "wait_event",
+    "wait_stream",
+    "sync_dealloc",
+    "synchronize_event",
+    "synchronize_stream",
+)
+
+
+def _fake_args(name: str, tensor: torch.Tensor) -> tuple[object, ...]:
+    return tuple(tensor if a == "tensor" else a for a in stream_ops.PROBE_ARGS[name])
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("name", EMITTED)
+def test_every_emitted_sync_op_runs_under_fake_tensor_mode(name: str) -> None:
+    op = stream_ops.sync_op(name)
+    with FakeTensorMode():
+        assert op(*_fake_args(name, torch.empty(3))) is None
+
+
+@pytest.mark.usefixtures("installed")
+def test_every_native_streams_op_has_a_working_fake_while_installed() -> None:
+    present = [name for name in stream_ops.PROBE_ARGS if stream_ops.native_op(name) is not None]
+    assert {"record_event", "wait_event", "sync_dealloc"} <= set(present)
+    assert [name for name in present if not stream_ops.fake_works(name)] == []
+
+
+def test_install_supplies_fakes_only_where_native_fails_and_uninstall_restores_them() -> None:
+    stream_ops.native_op("record_event")  # defines the ops
+    from torch._library.custom_ops import OPDEFS
+
+    opdefs = {n: OPDEFS[f"streams::{n}"] for n in stream_ops.PROBE_ARGS if f"streams::{n}" in OPDEFS}
+    before = {name: vars(opdef)["_abstract_fn"] for name, opdef in opdefs.items()}
+    broken = {name for name in opdefs if not stream_ops.fake_works(name)}
+    torch_userstreams.install()
+    for name, opdef in opdefs.items():
+        ours = vars(opdef)["_abstract_fn"] is stream_ops.no_effect_fake
+        assert ours == (name in broken), name
+    torch_userstreams.uninstall()
+    assert {name: vars(opdef)["_abstract_fn"] for name, opdef in opdefs.items()} == before
+    assert {name for name in opdefs if not stream_ops.fake_works(name)} == broken
+
+
+def _stream_wait_stream(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1:
+        y = x * 2
+    s2.wait_stream(s1)
+    with s2:
+        return y + 1
+
+
+def _stream_wait_event(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    done = torch.Event(device="cpu")
+    with s1:
+        y = x * 2
+    done.record(s1)
+    s2.wait_event(done)
+    with s2:
+        return y + 1
+
+
+def _stream_synchronize(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1:
+        y = x * 2
+    s1.synchronize()
+    with s2:
+        return y + 1
+
+
+def _event_synchronize(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    done = torch.Event(device="cpu")
+    with s1:
+        y = x * 2
+    done.record(s1)
+    done.synchronize()
+    with s2:
+        return y + 1
+
+
+SPELLINGS: dict[str, tuple[Callable[..., torch.Tensor], str, Callable[[tuple], bool]]] = {
+    # spelling -> (function, op, check of its args: (index of s1, index of s2) -> bool)
+    "Stream.wait_stream": (_stream_wait_stream, "wait_stream", lambda a: a[0] != a[1]),
+    "Stream.wait_event": (_stream_wait_event, "wait_event", lambda a: len(a) == 2),
+    "Stream.synchronize": (_stream_synchronize, "synchronize_stream", lambda a: len(a) == 1),
+    "Event.synchronize": (_event_synchronize, "synchronize_event", lambda a: len(a) == 1),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_every_user_sync_spelling_reaches_the_graph(spelling: str) -> None:
+    fn, op, args_ok = SPELLINGS[spelling]
+    s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")
+    x = torch.ones(3, requires_grad=True)
+    run = capture(fn, x, s1, s2, backend="userstreams_aot_eager")
+    (forward,) = run.forward
+    syncs = [step for step in read_graph(forward, {}).steps if isinstance(step, Sync)]
+    assert [s.args for s in syncs if s.name == op and args_ok(s.args)], forward.graph
+    torch.testing.assert_close(run.result, x.detach() * 2 + 1)
+    torch._dynamo.reset()
+    with torch_userstreams.installed():
+        out = torch.compile(fn, backend="userstreams")(x, s1, s2)
+    torch.testing.assert_close(out, x.detach() * 2 + 1)
+
+
+def test_the_synced_objects_are_the_calls_own() -> None:
+    """The rewritten sync resolves the call's objects: the simulator logs the wait on s2."""
+    s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")
+    with torch_userstreams.installed():
+        compiled = torch.compile(_stream_wait_stream, backend="userstreams_aot_eager")
+        compiled(torch.ones(2), s1, s2)
+    assert ("wait_stream", s1) in s2.log
