@@ -1,48 +1,37 @@
 """On an accelerator Dynamo registers the ambient current stream for every frame.
 
 We emit it only when the graph reads it: a stream-free graph gets no prologue. The machine
-has no accelerator, so these tests make torch believe it has one whose current stream is a
-simulated CPU stream.
+has no accelerator, so these tests make torch believe it has one
+(``torch_userstreams.testing.fake_accelerator``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 import torch_userstreams
-from torch_userstreams.simulator import SimStream
 from torch_userstreams.table import EntryKind
+from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
 
 @pytest.fixture
-def fake_accelerator(monkeypatch: pytest.MonkeyPatch) -> SimStream:
-    import torch._dynamo.guards
-    import torch._dynamo.utils
-
-    ambient = SimStream(device="cpu")
-
-    def current(device: object = None) -> SimStream:
-        return ambient
-
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_stream", current)
-    # Guards and the prologue read the current stream through Dynamo's own helper (a C
-    # function on newer torch that checks the real accelerator): fake it there too.
-    monkeypatch.setattr(torch._dynamo.utils, "get_current_stream", current)
-    monkeypatch.setattr(torch._dynamo.guards, "get_current_stream", current)
-    return ambient
+def accelerator() -> Iterator[FakeAcceleratorStream]:
+    with fake_accelerator() as ambient:
+        yield ambient
 
 
-@pytest.mark.usefixtures("installed")
-def test_stream_free_graph_pays_no_prologue_on_an_accelerator(fake_accelerator: SimStream) -> None:
+@pytest.mark.usefixtures("installed", "accelerator")
+def test_stream_free_graph_pays_no_prologue_on_an_accelerator() -> None:
     report = torch_userstreams.explain(lambda x: x + 1, torch.ones(1))
     assert report.tables == []
     assert torch.equal(report.result, torch.full((1,), 2.0))
 
 
-@pytest.mark.usefixtures("installed")
-def test_ambient_stream_is_loaded_when_the_graph_reads_it(fake_accelerator: SimStream) -> None:
+@pytest.mark.usefixtures("installed", "accelerator")
+def test_ambient_stream_is_loaded_when_the_graph_reads_it() -> None:
     def record_on_current(x: torch.Tensor) -> torch.Tensor:
         done = torch.Event(device="cpu")
         done.record()  # on the ambient current stream

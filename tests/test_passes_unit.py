@@ -18,18 +18,26 @@ from torch_userstreams.passes.dealloc_syncs import sync_deallocations
 from torch_userstreams.passes.grad_accumulation import assign_accumulation_streams
 from torch_userstreams.passes.inherit_streams import inherit_streams
 from torch_userstreams.passes.sync_ordering import wrap_sync_nodes
-from torch_userstreams.table import Phase, UserObjectTable
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.table import EntryKind, Phase, UserObjectTable
 
 ops = torch.ops
 VAL = torch.ones(2)
 
 
+STREAMS = 3  # the graphs below use streams 0, 1 and 2
+
+
 @pytest.fixture
 def table() -> Iterator[UserObjectTable]:
-    """Run the pass as if a backend were compiling a graph: requests land in its table."""
+    """Run the pass as if a backend were compiling a graph: requests land in its table,
+    which starts with three CPU streams (indices 0-2)."""
     graph = types.SimpleNamespace()
     with registration.compiling(graph):
-        yield registration.table_of(graph)
+        table = registration.table_of(graph)
+        for i in range(STREAMS):
+            table.add(EntryKind.INPUT, f"s{i}", lambda cg: None, SimStream(device="cpu"))
+        yield table
 
 
 def node(
@@ -108,7 +116,7 @@ def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
     assert record.prev is producer and record.args[1] == 0
     assert [(w.next, w.args[1]) for w in waits] == [(on_1a, 1), (on_2, 2)]
     assert {w.args[0] for w in waits} == {record.args[0]}
-    assert [e.phase for e in table.entries] == [Phase.BACKWARD]
+    assert [e.phase for e in table.entries[STREAMS:]] == [Phase.BACKWARD]
 
 
 def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
@@ -126,7 +134,8 @@ def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
     assert current.origin == "current stream of cpu"
 
 
-def test_dealloc_sync_after_the_last_use_on_another_stream(table: UserObjectTable) -> None:
+@pytest.mark.usefixtures("table")
+def test_dealloc_sync_after_the_last_use_on_another_stream() -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     made = node(graph, ops.aten.sin.default, (x,), stream=0)

@@ -49,7 +49,8 @@ def test_install_supplies_fakes_only_where_native_fails_and_uninstall_restores_t
     stream_ops.native_op("record_event")  # defines the ops
     from torch._library.custom_ops import OPDEFS
 
-    opdefs = {n: OPDEFS[f"streams::{n}"] for n in stream_ops.PROBE_ARGS if f"streams::{n}" in OPDEFS}
+    names = [name for name in stream_ops.PROBE_ARGS if f"streams::{name}" in OPDEFS]
+    opdefs = {name: OPDEFS[f"streams::{name}"] for name in names}
     before = {name: vars(opdef)["_abstract_fn"] for name, opdef in opdefs.items()}
     broken = {name for name in opdefs if not stream_ops.fake_works(name)}
     torch_userstreams.install()

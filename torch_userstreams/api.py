@@ -19,7 +19,7 @@ from .table import EntryKind, Phase, UserObjectTable
 
 __all__ = ["current_stream", "lookup", "new_event", "new_stream"]
 
-DeviceLike = torch.device | str | int | None
+DeviceLike = factories.DeviceLike
 
 
 def _phase(phase: Phase | str | None, inferred: Phase) -> Phase:
@@ -51,7 +51,10 @@ def _kwargs(**given: Any) -> dict[str, Any]:
 
 
 def _call_text(name: str, kwargs: dict[str, Any]) -> str:
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+    def shown(value: Any) -> str:
+        return repr(str(value) if isinstance(value, torch.device) else value)
+
+    return f"{name}({', '.join(f'{k}={shown(v)}' for k, v in kwargs.items())})"
 
 
 def new_stream(
@@ -59,11 +62,10 @@ def new_stream(
 ) -> int:
     """Request a stream, created fresh on each call of the graph being compiled."""
     table = compiling_table("new_stream")
-    kwargs = _kwargs(device=device, priority=priority or None)
-    probe = torch.Stream(**kwargs)
-    return _add_requested(
-        table, factories.stream_class(probe), kwargs, _call_text("torch.Stream", kwargs), phase
-    )
+    resolved = factories.resolve_device(device)
+    kwargs = _kwargs(device=resolved, priority=priority or None)
+    text = _call_text("torch.Stream", _kwargs(device=device, priority=priority or None))
+    return _add_requested(table, factories.stream_class(resolved), kwargs, text, phase)
 
 
 def new_event(
@@ -76,27 +78,15 @@ def new_event(
 ) -> int:
     """Request an event, created fresh on each call of the graph being compiled."""
     table = compiling_table("new_event")
-    kwargs = _kwargs(
-        device=device,
+    resolved = factories.resolve_device(device)
+    flags = _kwargs(
         enable_timing=enable_timing or None,
         blocking=blocking or None,
         interprocess=interprocess or None,
     )
-    probe = torch.Event(**kwargs)
-    return _add_requested(
-        table, factories.event_class(probe), kwargs, _call_text("torch.Event", kwargs), phase
-    )
-
-
-def _resolve_device(device: DeviceLike) -> torch.device:
-    if device is None:
-        accelerator = torch.accelerator.current_accelerator()
-        return accelerator if accelerator is not None else torch.device("cpu")
-    if isinstance(device, int):
-        accelerator = torch.accelerator.current_accelerator()
-        kind = accelerator.type if accelerator is not None else "cpu"
-        return torch.device(kind, device)
-    return torch.device(device)
+    text = _call_text("torch.Event", _kwargs(device=device, **flags))
+    kwargs = {"device": resolved, **flags}
+    return _add_requested(table, factories.event_class(resolved), kwargs, text, phase)
 
 
 def current_stream_entry(table: UserObjectTable, device: torch.device, added_by: str) -> int:
@@ -108,8 +98,7 @@ def current_stream_entry(table: UserObjectTable, device: torch.device, added_by:
         return entry.index
     if device.type == "cpu":
         # CPU has no stream switching: its current stream is the default CPU stream.
-        cpu_stream_class = factories.stream_class(torch.Stream(device="cpu"))
-        factory = factories.constructor(cpu_stream_class, (), {"device": "cpu"})
+        factory = factories.constructor(factories.stream_class(device), (), {"device": device})
         emit, example = emitters.from_factory(factory), factory()
     else:
         emit, example = emitters.current_stream(device), torch.accelerator.current_stream(device)
@@ -122,10 +111,10 @@ def current_stream(device: DeviceLike = None) -> int:
     """Request the ambient current stream of ``device`` as it is at each call."""
     table = compiling_table("current_stream")
     added_by, _ = provenance.caller()
-    return current_stream_entry(table, _resolve_device(device), added_by)
+    return current_stream_entry(table, factories.resolve_device(device), added_by)
 
 
 def native_get_current_stream(device: torch.device) -> int:
     """Replacement for Dynamo's ``get_current_stream``: no new entry per call of it."""
     added_by, _ = provenance.caller()
-    return current_stream_entry(current_table(), _resolve_device(device), added_by)
+    return current_stream_entry(current_table(), factories.resolve_device(device), added_by)

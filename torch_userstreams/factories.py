@@ -16,20 +16,26 @@ import torch
 
 from .simulator import SimEvent, SimStream
 
-
-def _device_type(example: Any) -> str:
-    device = getattr(example, "device", None)
-    return getattr(device, "type", "") if device is not None else ""
+DeviceLike = torch.device | str | int | None
 
 
-def stream_class(example: Any) -> type[torch.Stream]:
+def resolve_device(device: DeviceLike) -> torch.device:
+    """The device a stream or event asked for with ``device`` is made on (as torch does)."""
+    if device is None or isinstance(device, int):
+        accelerator = torch.accelerator.current_accelerator()
+        kind = accelerator.type if accelerator is not None else "cpu"
+        return torch.device(kind) if device is None else torch.device(kind, device)
+    return torch.device(device)
+
+
+def stream_class(device: torch.device) -> type[torch.Stream]:
     """CPU streams are simulated (CPU has no real stream syncs); others are real."""
-    return SimStream if _device_type(example) == "cpu" else torch.Stream
+    return SimStream if device.type == "cpu" else torch.Stream
 
 
-def event_class(example: Any) -> type[torch.Event]:
+def event_class(device: torch.device) -> type[torch.Event]:
     """CPU events are simulated (native CPU events cannot record); others are real."""
-    return SimEvent if _device_type(example) == "cpu" else torch.Event
+    return SimEvent if device.type == "cpu" else torch.Event
 
 
 def constructor(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
@@ -50,9 +56,9 @@ def constructor(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Cal
 def factory_for(example: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
     """A zero-argument constructor that rebuilds an object like ``example`` each call."""
     if isinstance(example, torch.Stream):
-        cls: type = stream_class(example)
+        cls: type = stream_class(example.device)
     elif isinstance(example, torch.Event):
-        cls = event_class(example)
+        cls = event_class(example.device)
     else:
         cls = type(example)
     return constructor(cls, args, kwargs)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .errors import UserObjectError
 
 # Emits bytecode that pushes the object for one call onto the stack (a Dynamo PyCodegen).
@@ -51,6 +53,8 @@ class Entry:
     live: bool = True
     # True when a backend or pass asked for it, so it is loaded even if no node reads it.
     requested: bool = False
+    # The device of the object (a stream's or an event's), kept after the example is dropped.
+    device: torch.device | None = None
     # The compile-time value (Dynamo runs lookup nodes on it while tracing); dropped by
     # ``release_examples`` once the graph is compiled, so the table owns no user object.
     example: Any = field(default=None, repr=False)
@@ -118,10 +122,21 @@ class UserObjectTable:
                 example_type=type(example).__name__,
                 added_by=added_by,
                 phase=phase,
+                device=_device_of(example),
                 example=example,
             )
         )
         return index
+
+    def device(self, index: int) -> torch.device:
+        """The device of the stream or event at ``index``."""
+        device = self.entries[index].device if 0 <= index < len(self.entries) else None
+        if device is None:
+            raise UserObjectError(
+                f"torch_userstreams: user object {index} of graph {self.graph_name} has no "
+                "device: it is not a stream or event of this graph."
+            )
+        return device
 
     def example(self, index: int) -> Any:
         """The compile-time object at ``index`` (what a lookup returns while compiling)."""
@@ -150,3 +165,8 @@ class UserObjectTable:
             lines.append("added by passes:")
             lines.extend("  " + note for note in self.pass_notes)
         return "\n".join(lines)
+
+
+def _device_of(example: Any) -> torch.device | None:
+    device = getattr(example, "device", None)
+    return device if isinstance(device, torch.device) else None

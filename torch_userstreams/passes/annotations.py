@@ -14,7 +14,8 @@ import torch
 import torch.fx
 
 from .. import api
-from ..registration import table_if_compiling
+from ..errors import UnsupportedPathError
+from ..registration import compiling_table, table_if_compiling
 
 RECORDS_KEY = "torch_userstreams"
 _BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
@@ -56,10 +57,54 @@ def stream_index(node: torch.fx.Node) -> int:
 
 
 def device_of(node: torch.fx.Node) -> torch.device:
-    value = node.meta.get("val")
+    """The device a node's work runs on: an accelerator if any tensor it touches lives there.
+
+    A copy between CPU and an accelerator is issued on the accelerator's stream, whichever
+    side its output is on; CPU-only work runs on the host, in program order.
+    """
+    touched = (node, *node.all_input_nodes)
+    devices = [t.device for n in touched for t in _tensors(n.meta.get("val"))]
+    return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return value.device
-    return torch.device("cpu")
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item for item in value if isinstance(item, torch.Tensor)]
+    return []
+
+
+def stream_device(node: torch.fx.Node) -> torch.device:
+    """The device of the stream ``node`` runs on: its annotated stream's, else its own."""
+    index = stream_of(node)
+    return device_of(node) if index is None else compiling_table("a stream pass").device(index)
+
+
+def event_device(
+    value: torch.fx.Node, recorder: torch.fx.Node, waiter: torch.fx.Node
+) -> torch.device | None:
+    """The device of an event that makes ``waiter``'s stream wait for ``recorder``'s work on
+    ``value``: the recording stream's. None when no sync is needed: work on a CPU tensor
+    runs on the host in program order, whatever stream context it was issued in.
+
+    Raises when an accelerator's work would have to wait on a CPU stream (or the reverse):
+    no event can express that.
+    """
+    recorded_on, waited_on = stream_device(recorder), stream_device(waiter)
+    if recorded_on.type == waited_on.type:
+        return recorded_on
+    device = device_of(value)
+    if device.type == "cpu":
+        return None
+    graph = compiling_table("a stream pass").graph_name
+    raise UnsupportedPathError(
+        f"torch_userstreams: graph {graph} uses the {device} tensor {value.name} on a "
+        f"{recorded_on} stream ({recorder.name}) and on a {waited_on} stream ({waiter.name}); "
+        "an event of one device cannot order the other's stream. Issue work on "
+        f"{device} tensors inside {device.type} streams only (torch.Stream(device="
+        f"{str(device)!r}))."
+    )
 
 
 def is_backward(node: torch.fx.Node) -> bool:

@@ -17,7 +17,7 @@ import torch.fx
 from .. import api
 from ..stream_ops import is_sync_op
 from .annotations import (
-    device_of,
+    event_device,
     is_backward,
     mark_backward,
     record,
@@ -45,34 +45,40 @@ def _sync_node(
     return node
 
 
+def _cross_stream_reads(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """(producer, first consumer on another stream) for each such pair, in graph order."""
+    first: dict[tuple[torch.fx.Node, int | None], torch.fx.Node] = {}
+    for consumer in graph.nodes:
+        if consumer.op != "call_function" or not is_backward(consumer) or is_sync(consumer):
+            continue
+        for producer in consumer.all_input_nodes:
+            if _is_backward_value(producer) and stream_of(producer) != stream_of(consumer):
+                first.setdefault((producer, stream_of(consumer)), consumer)
+    return [(producer, consumer) for (producer, _), consumer in first.items()]
+
+
 def insert_backward_syncs(gm: torch.fx.GraphModule) -> bool:
     """Returns whether any sync was inserted."""
     graph = gm.graph
     events: dict[torch.fx.Node, int] = {}
-    waited: set[tuple[torch.fx.Node, int | None]] = set()
-    for consumer in list(graph.nodes):
-        if consumer.op != "call_function" or not is_backward(consumer) or is_sync(consumer):
+    for producer, consumer in _cross_stream_reads(graph):
+        device = event_device(producer, producer, consumer)
+        if device is None:
             continue
-        for producer in consumer.all_input_nodes:
-            if not _is_backward_value(producer) or stream_of(producer) == stream_of(consumer):
-                continue
-            if (producer, stream_of(consumer)) in waited:
-                continue
-            waited.add((producer, stream_of(consumer)))
-            if producer not in events:
-                event = events[producer] = api.new_event(device_of(producer), phase="backward")
-                with graph.inserting_after(producer):
-                    _sync_node(
-                        graph,
-                        torch.ops.streams.record_event.default,
-                        (event, stream_index(producer)),
-                        f"after {producer.name}, which {consumer.name} reads on another stream",
-                    )
-            with graph.inserting_before(consumer):
+        if producer not in events:
+            event = events[producer] = api.new_event(device, phase="backward")
+            with graph.inserting_after(producer):
                 _sync_node(
                     graph,
-                    torch.ops.streams.wait_event.default,
-                    (events[producer], stream_index(consumer)),
-                    f"{consumer.name} waits for {producer.name}",
+                    torch.ops.streams.record_event.default,
+                    (event, stream_index(producer)),
+                    f"after {producer.name}, which {consumer.name} reads on another stream",
                 )
-    return bool(waited)
+        with graph.inserting_before(consumer):
+            _sync_node(
+                graph,
+                torch.ops.streams.wait_event.default,
+                (events[producer], stream_index(consumer)),
+                f"{consumer.name} waits for {producer.name}",
+            )
+    return bool(events)

@@ -18,7 +18,7 @@ import torch.fx
 
 from .. import api
 from .annotations import (
-    device_of,
+    event_device,
     is_backward,
     mark_backward,
     record,
@@ -54,13 +54,17 @@ def sync_deallocations(gm: torch.fx.GraphModule) -> bool:
         if not isinstance(node.meta.get("val"), torch.Tensor):
             continue
         for last in _last_use_on_other_streams(node, order):
-            _insert_dealloc_sync(graph, node, last)
-            changed = True
+            device = event_device(node, last, node)
+            if device is not None:
+                _insert_dealloc_sync(graph, node, last, device)
+                changed = True
     return changed
 
 
-def _insert_dealloc_sync(graph: torch.fx.Graph, node: torch.fx.Node, last: torch.fx.Node) -> None:
-    event = api.new_event(device_of(node), phase="backward")
+def _insert_dealloc_sync(
+    graph: torch.fx.Graph, node: torch.fx.Node, last: torch.fx.Node, device: torch.device
+) -> None:
+    event = api.new_event(device, phase="backward")
     with graph.inserting_after(last):
         recorded = graph.call_function(
             torch.ops.streams.record_event.default, (event, stream_index(last))

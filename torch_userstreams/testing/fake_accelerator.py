@@ -1,0 +1,84 @@
+"""A fake accelerator for CPU-only machines: streams and events that say they are on one.
+
+The package treats accelerator objects differently from CPU ones (the ambient current
+stream is loaded per call; pass-made events are made for the streams' device), so those
+paths need an accelerator to be tested. ``fake_accelerator()`` makes torch report one of
+device type ``cuda`` whose streams and events are simulated: they record and wait as
+logged no-ops (``SimStream`` / ``SimEvent``) while their ``device`` says ``cuda:0``.
+Tensors stay on the CPU, which is exactly the mixed case a real GPU machine allows:
+CPU tensors computed inside accelerator streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..simulator import SimEvent, SimStream
+
+DEVICE = torch.device("cuda", 0)
+
+
+class FakeAcceleratorStream(SimStream):
+    """A simulated stream whose device is the fake accelerator's."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FakeAcceleratorStream:
+        return super().__new__(cls, device="cpu")  # type: ignore[call-arg, no-any-return]
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return DEVICE
+
+
+class FakeAcceleratorEvent(SimEvent):
+    """A simulated event whose device is the fake accelerator's."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FakeAcceleratorEvent:
+        return super().__new__(cls, device="cpu")  # type: ignore[call-arg, no-any-return]
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return DEVICE
+
+
+@contextlib.contextmanager
+def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
+    """Pretend a ``cuda`` accelerator is present; yields its (one) current stream."""
+    import torch._dynamo.guards
+    import torch._dynamo.utils
+
+    from .. import factories
+
+    ambient = FakeAcceleratorStream()
+
+    def current_stream(device: object = None) -> FakeAcceleratorStream:
+        return ambient
+
+    def fake_or(cpu_class: Any, fake_class: Any) -> Any:
+        def pick(device: torch.device) -> Any:
+            return fake_class if device.type == DEVICE.type else cpu_class(device)
+
+        return pick
+
+    patches = [
+        (torch.accelerator, "is_available", lambda: True),
+        (torch.accelerator, "current_accelerator", lambda check_available=False: DEVICE),
+        (torch.accelerator, "current_stream", current_stream),
+        # Guards and the prologue read the current stream through Dynamo's own helper (a C
+        # function on newer torch that checks the real accelerator).
+        (torch._dynamo.utils, "get_current_stream", current_stream),
+        (torch._dynamo.guards, "get_current_stream", current_stream),
+        (factories, "stream_class", fake_or(factories.stream_class, FakeAcceleratorStream)),
+        (factories, "event_class", fake_or(factories.event_class, FakeAcceleratorEvent)),
+    ]
+    saved = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
+    try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        yield ambient
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
