@@ -11,6 +11,16 @@ import torch
 import torch_userstreams
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` run on a GPU machine and are skipped, with the reason, elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()

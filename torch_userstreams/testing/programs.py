@@ -8,7 +8,13 @@ Hypothesis generate and shrink it, and lets the same program be rendered twice:
 * eager: local objects are ``SimStream`` / ``SimEvent``, since native CPU events cannot
   record; stream inputs are always Sim objects (``Program.stream_inputs``).
 
-On an accelerator (``device="cuda"``) there is no simulation: both renderings are native.
+On an accelerator (``device="cuda"``) there is no simulation: both renderings are native,
+and the program is framed by a fork and a join with the ambient current stream, which
+produced the inputs and consumes the results: every stream waits for the current stream
+before the body, and the current stream waits for every stream before the return. Without
+that frame a real device races even in eager (the inputs were written on the current
+stream; the caller reads the results there). On CPU no sync can name the current stream,
+and none is needed: the host runs everything in program order.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ UNARY = {
 BINARY = {"add": "{0} + {1}", "sub": "{0} - {1}", "mul": "{0} * {1}"}
 INPLACE = {"add_": "{0}.add_({1})", "sub_": "{0}.sub_({1})", "mul_": "{0}.mul_(2.0)"}
 LEAVES = ("x", "w")
+# Read at each use, never kept in a local: Dynamo mishandles stream locals across a break.
+CURRENT_STREAM = "torch.accelerator.current_stream(DEVICE)"
 
 
 @dataclass(frozen=True)
@@ -124,23 +132,47 @@ class Program:
     body: tuple[Statement, ...]
     outputs: tuple[str, ...]
 
-    def source(self, *, eager: bool, device: str = "cpu") -> str:
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return (*self.input_streams, *self.local_streams)
+
+    def source(self, *, eager: bool, device: str = "cpu", frame: bool | None = None) -> str:
+        """The program as Python; ``frame`` (default: on an accelerator) adds the fork from
+        and the join to the current stream (see the module docstring)."""
         simulated = eager and device == "cpu"
         stream, event = ("SimStream", "SimEvent") if simulated else ("torch.Stream", "torch.Event")
         params = ", ".join((*LEAVES, *self.input_streams))
         lines = [f"def program({params}):", f"    Event = {event}", f"    DEVICE = {device!r}"]
         lines += [f"    {name} = {stream}(device=DEVICE)" for name in self.local_streams]
+        framed = device != "cpu" if frame is None else frame
+        if framed:
+            lines += ["    " + line for line in self.fork_lines()]
         for statement in self.body:
             lines += ["    " + line for line in statement.lines()]
+        if framed:
+            lines += ["    " + line for line in self.join_lines()]
         lines.append(f"    return ({', '.join(self.outputs)},)")
         return "\n".join(lines) + "\n"
 
-    def build(self, *, eager: bool, device: str = "cpu") -> Callable[..., Any]:
+    def fork_lines(self) -> list[str]:
+        """Every stream waits for the current stream (which wrote the inputs)."""
+        lines = ["forked = Event(device=DEVICE)", f"forked.record({CURRENT_STREAM})"]
+        return lines + [f"forked.wait({name})" for name in self.streams]
+
+    def join_lines(self) -> list[str]:
+        """The current stream (which reads the results) waits for every stream."""
+        lines = []
+        for i, name in enumerate(self.streams):
+            event = f"joined{i}"
+            lines += [f"{event} = Event(device=DEVICE)", f"{event}.record({name})"]
+            lines.append(f"{event}.wait({CURRENT_STREAM})")
+        return lines
+
+    def build(
+        self, *, eager: bool, device: str = "cpu", frame: bool | None = None
+    ) -> Callable[..., Any]:
         """The program as a function; ``eager`` on CPU picks the simulated local objects."""
-        namespace: dict[str, Any] = {"torch": torch, "SimStream": SimStream, "SimEvent": SimEvent}
-        name = f"<program {'eager' if eager else 'compiled'}>"
-        exec(compile(self.source(eager=eager, device=device), name, "exec"), namespace)
-        return namespace["program"]  # type: ignore[no-any-return]
+        return build_source(self.source(eager=eager, device=device, frame=frame), eager=eager)
 
     def stream_inputs(self, device: str = "cpu") -> list[torch.Stream]:
         """Streams to pass in: simulated on CPU, native elsewhere."""
@@ -150,6 +182,14 @@ class Program:
 
     def __str__(self) -> str:
         return self.source(eager=False)
+
+
+def build_source(source: str, *, eager: bool) -> Callable[..., Any]:
+    """The function ``program`` a rendered program source defines."""
+    namespace: dict[str, Any] = {"torch": torch, "SimStream": SimStream, "SimEvent": SimEvent}
+    name = f"<program {'eager' if eager else 'compiled'}>"
+    exec(compile(source, name, "exec"), namespace)
+    return namespace["program"]  # type: ignore[no-any-return]
 
 
 def leaves(seed: int = 0, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

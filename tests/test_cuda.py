@@ -1,0 +1,179 @@
+"""On a CUDA GPU: stream training compiles, matches eager, and each call resolves its own objects.
+
+Every test here is marked ``cuda``: without a GPU it is skipped with that reason
+(``conftest.py``); ``tools/gpu_check.sh`` runs this module on a GPU machine. The same
+behaviours are tested on CPU with the simulator elsewhere; here the streams and events are
+real, and so are the races a wrong object would cause.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import live_user_objects
+
+from torch_userstreams import runtime
+from torch_userstreams.demo.model import build_model, make_batches
+from torch_userstreams.runtime import Binding, objects_of
+from torch_userstreams.table import Phase
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("installed")]
+
+DEVICE = torch.device("cuda")
+BACKENDS = ("inductor", "userstreams", "userstreams_aot_eager")
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def side_stream_step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Fork to a side stream, compute there, join back with an event; a scalar loss."""
+    main = torch.accelerator.current_stream(x.device)
+    side = torch.Stream(device=x.device)
+    forked, joined = torch.Event(device=x.device), torch.Event(device=x.device)
+    forked.record(main)
+    forked.wait(side)
+    with side:
+        branch = (x * w).sin()
+    joined.record(side)
+    joined.wait(main)
+    return (branch * w + x.cos()).sum()
+
+
+def leaves(seed: int, device: torch.device = DEVICE) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1024, generator=gen).to(device).requires_grad_()
+    w = torch.randn(1024, generator=gen).to(device).requires_grad_()
+    return x, w
+
+
+def eager_grads(fn: Callable[..., torch.Tensor], *args: Any) -> list[torch.Tensor]:
+    tensors = [a.detach().clone().requires_grad_() for a in args[:2]]
+    fn(*tensors, *args[2:]).backward()
+    return [t.grad for t in tensors]  # type: ignore[misc]
+
+
+@pytest.fixture
+def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]]:
+    """The binding each backward lookup resolved against, in order."""
+    seen: list[Binding] = []
+    real = runtime._backward_binding
+
+    def spy() -> Binding | None:
+        binding = real()
+        if binding is not None:
+            seen.append(binding)
+        return binding
+
+    monkeypatch.setattr(runtime, "_backward_binding", spy)
+    yield seen
+
+
+def backward_objects(binding: Binding) -> list[int]:
+    """ids of the objects a call made for its backward (the passes' events)."""
+    entries = runtime.graph_of(binding).table.entries
+    return [id(objects_of(binding)[e.index]) for e in entries if e.phase is Phase.BACKWARD]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_matches_eager(backend: str) -> None:
+    steps, dim = 5, 256
+    batches = make_batches(steps, 64, dim, DEVICE, seed=0)
+    eager = build_model(dim, 2, DEVICE, seed=0)
+    model = build_model(dim, 2, DEVICE, seed=0)
+    compiled = torch.compile(model, backend=backend)
+    for trained, forward in ((eager, eager), (model, compiled)):
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.05)
+        for x, y in batches:
+            optimizer.zero_grad(set_to_none=True)
+            F.mse_loss(forward(x), y).backward()
+            optimizer.step()
+    for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got, want, **TOLERANCE)
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_fwd1_fwd2_bwd2_bwd1_resolve_their_own_events(
+    backend: str, backward_bindings: list[Binding]
+) -> None:
+    from helpers import last_binding
+
+    compiled = torch.compile(side_stream_step, backend=backend)
+    x, w = leaves(0)
+    out1 = compiled(x, w)
+    bind1 = last_binding()
+    out2 = compiled(x, w)
+    bind2 = last_binding()
+    own1, own2 = backward_objects(bind1), backward_objects(bind2)
+    assert own1 and own2 and not set(own1) & set(own2), "fresh events per call"
+    out2.backward()
+    after_bwd2 = len(backward_bindings)
+    out1.backward()
+    assert after_bwd2 > 0 and len(backward_bindings) > after_bwd2
+    assert all(backward_objects(b) == own2 for b in backward_bindings[:after_bwd2])
+    assert all(backward_objects(b) == own1 for b in backward_bindings[after_bwd2:])
+    torch.cuda.synchronize()
+    want = eager_grads(side_stream_step, x, w)
+    torch.testing.assert_close(x.grad, 2 * want[0], **TOLERANCE)
+    torch.testing.assert_close(w.grad, 2 * want[1], **TOLERANCE)
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_backward_on_another_thread(backend: str, backward_bindings: list[Binding]) -> None:
+    from helpers import last_binding
+
+    compiled = torch.compile(side_stream_step, backend=backend)
+    x, w = leaves(1)
+    out = compiled(x, w)
+    own = backward_objects(last_binding())
+    errors: list[BaseException] = []
+
+    def run_backward() -> None:
+        try:
+            out.backward()
+            torch.cuda.synchronize()
+        except BaseException as exc:  # reported below, with the thread's traceback
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_backward)
+    thread.start()
+    thread.join()
+    assert errors == []
+    assert backward_bindings and all(backward_objects(b) == own for b in backward_bindings)
+    for got, want in zip((x.grad, w.grad), eager_grads(side_stream_step, x, w), strict=True):
+        torch.testing.assert_close(got, want, **TOLERANCE)
+
+
+def two_branches(x: torch.Tensor, y: torch.Tensor, s0: torch.Stream, s2: torch.Stream) -> Any:
+    with s0:
+        y0 = 2 * x + y
+    with s2:
+        z = 2 * x + y
+    return (y0 * z).sum()
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_cpu_tensors_in_cuda_streams(backend: str) -> None:
+    """``torch.Stream()`` is a CUDA stream here; eager computes CPU tensors inside it."""
+    x, y = leaves(2, torch.device("cpu"))
+    s0, s2 = torch.Stream(), torch.Stream()
+    assert s0.device.type == "cuda"
+    out = torch.compile(two_branches, backend=backend)(x, y, s0, s2)
+    out.backward()
+    for got, want in zip((x.grad, y.grad), eager_grads(two_branches, x, y, s0, s2), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_no_live_objects_accumulate_over_1000_steps() -> None:
+    compiled = torch.compile(side_stream_step, backend="userstreams")
+    x, w = leaves(3)
+    for _ in range(3):  # compile, and let every lazily made object exist
+        compiled(x, w).backward()
+    before = live_user_objects()
+    for _ in range(1000):
+        compiled(x, w).backward()
+    torch.cuda.synchronize()
+    assert live_user_objects() - before == 0
