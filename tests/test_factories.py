@@ -25,8 +25,16 @@ from torch_userstreams.simulator import SimEvent, SimStream
 def test_factory_builds_what_the_call_builds(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
+    """Also where the call fails: with no device, a CUDA build on a machine without a GPU
+    asks the missing driver, and the factory must fail the same way."""
     make = factories.constructor(cls, args, kwargs)
-    direct, built, again = cls(*args, **kwargs), make(), make()
+    try:
+        direct = cls(*args, **kwargs)
+    except RuntimeError as exc:
+        with pytest.raises(type(exc)):
+            make()
+        return
+    built, again = make(), make()
     assert type(built) is cls and built.device == direct.device
     assert built is not again, "a fresh object per call"
 

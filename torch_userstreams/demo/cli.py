@@ -117,4 +117,4 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             patching.install()
     print(f"\ndemo wall time: {time.perf_counter() - start:.1f} s", file=out)
     eager, package = runs[0], runs[1]
-    return 0 if report.parity_ok(package, eager, config.tolerance) else 1
+    return 0 if report.parity_ok(package, eager, config.parity_tolerance) else 1

@@ -162,7 +162,7 @@ def summary(config: DemoConfig, eager: RunResult, compiled: Sequence[RunResult])
         side_by_side([eager, *compiled], eager),
         LIVE_NOTE,
         "",
-        *(parity_verdict(run, eager, config.tolerance) for run in compiled),
+        *(parity_verdict(run, eager, config.parity_tolerance) for run in compiled),
         *(speed_line(run, eager) for run in compiled if run.error is None),
         "",
         tables_text(package),
