@@ -16,7 +16,6 @@ import torch.fx
 import torch_userstreams
 from torch_userstreams.simulator import SimStream
 
-
 # How each Python spells "call a function" differs (3.10: CALL_FUNCTION; 3.11: PRECALL,
 # CALL; 3.12+: CALL); the expectations use CALL alone.
 _CALL_PROTOCOL = (
