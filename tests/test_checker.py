@@ -110,10 +110,16 @@ def test_deleting_a_backward_record_leaves_the_wait_without_effect(captured: Cap
     assert only(without(bw, record), HazardKind.RAW) == ("mul_4", MAIN, "mul_5", SIDE)
 
 
+def dealloc_of(gm: torch.fx.GraphModule, tensor: str) -> Sync:
+    """The ``sync_dealloc`` that holds ``tensor`` until its allocating stream waits."""
+    deallocs = syncs(gm, streams_ops.sync_dealloc.default)
+    return next(s for s in deallocs if getattr(s.args[2], "name", None) == tensor)
+
+
 def test_deleting_a_sync_dealloc_lets_the_allocator_reuse_memory_early(captured: Capture) -> None:
     (bw,) = captured.backward
-    dealloc = pick(bw, streams_ops.sync_dealloc.default, added_by(captured, "dealloc_syncs"))
-    assert dealloc.args[2].name == "mul_4"  # type: ignore[union-attr]
+    dealloc = dealloc_of(bw, "mul_4")
+    assert dealloc.args[0] in added_by(captured, "dealloc_syncs")
     result = without(bw, dealloc)
     assert only(result, HazardKind.MEMORY_REUSE) == ("mul_6", SIDE, "add", MAIN)
     assert result.findings[0].buffer == "mul_4"
@@ -122,7 +128,7 @@ def test_deleting_a_sync_dealloc_lets_the_allocator_reuse_memory_early(captured:
 
 def test_deleting_the_dealloc_record_is_the_same_hazard(captured: Capture) -> None:
     (bw,) = captured.backward
-    dealloc = pick(bw, streams_ops.sync_dealloc.default, added_by(captured, "dealloc_syncs"))
+    dealloc = dealloc_of(bw, "mul_4")
     record = pick(bw, streams_ops.record_event.default, {dealloc.args[0]})
     assert only(without(bw, record), HazardKind.MEMORY_REUSE) == ("mul_6", SIDE, "add", MAIN)
 

@@ -4,14 +4,14 @@ Programs come from ``torch_userstreams.testing.strategies.programs`` (race-free 
 For each one, through the ``userstreams_aot_eager`` backend:
 
 * outputs and gradients equal the eager run (Sim objects standing in for CPU streams);
-* ``check_stream_safety`` finds nothing in any captured forward or backward graph, except
-  one known memory-reuse issue of the package (``known_forward_reuse``, with a strict-xfail
-  reproducer below);
+* ``check_stream_safety`` finds nothing in any captured forward or backward graph;
 * repeated calls (with backward) do not grow the number of live streams and events.
 
-Profiles (env ``HYPOTHESIS_PROFILE``): ``ci`` (default; 2 x 100 derandomized examples plus
-25 for the leak property, a few minutes on 2 cores) and ``long`` (2 x 2500 + 625, random).
-``--hypothesis-show-statistics`` shows how many programs ran and which known issues they hit.
+No program is excused: issues the generator found have their smallest reproducer below.
+
+Profiles (env ``HYPOTHESIS_PROFILE``): ``ci`` (default; 2 x 130 derandomized examples plus
+65 for the leak property: 325 programs, a few minutes on 2 cores) and ``long``
+(2 x 2500 + 1250, random). ``--hypothesis-show-statistics`` shows what the programs were.
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ import pytest
 import torch
 import torch.fx
 from helpers import live_user_objects
-from hypothesis import HealthCheck, event, given, reject, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from torch_userstreams.passes.annotations import is_backward
 from torch_userstreams.simulator import SimStream
+from torch_userstreams.table import Phase
 from torch_userstreams.testing import (
     Capture,
-    Finding,
-    HazardKind,
     assert_stream_safe,
     capture,
     check_stream_safety,
 )
+from torch_userstreams.testing.graph_view import Sync, read_graph
 from torch_userstreams.testing.programs import Program, leaves
 from torch_userstreams.testing.strategies import programs
 
@@ -48,34 +47,12 @@ _COMMON = {
         HealthCheck.data_too_large,
     ],
 }
-settings.register_profile("ci", max_examples=100, derandomize=True, database=None, **_COMMON)
+settings.register_profile("ci", max_examples=130, derandomize=True, database=None, **_COMMON)
 settings.register_profile("long", max_examples=2500, **_COMMON)
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 CALLS_FOR_LEAK_CHECK = 3
-LEAK_SHARE = 4  # the leak property runs a quarter of the profile's examples
-
-
-def known_compile_failure(exc: BaseException) -> str | None:
-    """Package bugs reported with a reproducer (see the xfail tests below), by signature."""
-    text = str(exc)
-    if TORCH == (2, 13) and "KeyError: 'val'" in text:
-        return "torch 2.13: a control_deps node saved for backward (KeyError: 'val')"
-    return None
-
-
-def known_forward_reuse(gm: torch.fx.GraphModule, finding: Finding) -> bool:
-    """KNOWN_FORWARD_REUSE: compiled forward code frees a cross-stream value at its last use.
-
-    Eager keeps the value alive until the function returns (after the program's joining
-    syncs); the compiled graph frees it right after its last use on the other stream, and
-    nothing makes the allocating stream wait first (the dealloc pass only covers backward
-    nodes). Forward code replayed in a backward graph has the same issue.
-    """
-    if finding.kind is not HazardKind.MEMORY_REUSE:
-        return False
-    producer = next((n for n in gm.graph.nodes if n.name == finding.buffer), None)
-    return producer is not None and not is_backward(producer)
+LEAK_SHARE = 2  # the leak property runs half the profile's examples
 
 
 def run_eager(program: Program, streams: list[SimStream]) -> tuple[Any, list[Any]]:
@@ -93,14 +70,7 @@ def backward(out: tuple[torch.Tensor, ...]) -> None:
 
 def run_compiled(program: Program, streams: list[SimStream]) -> tuple[Capture, list[Any]]:
     x, w = leaves()
-    try:
-        captured = capture(program.build(eager=False), x, w, *streams)
-    except Exception as exc:
-        known = known_compile_failure(exc)
-        if known is None:
-            raise
-        event(f"known compile failure: {known}")
-        reject()
+    captured = capture(program.build(eager=False), x, w, *streams)
     return captured, [x.grad, w.grad]
 
 
@@ -114,13 +84,7 @@ def assert_close(eager: Any, compiled: Any) -> None:
 def assert_graphs_safe(program: Program, captured: Capture) -> None:
     for label, gm in captured.graphs:
         result = check_stream_safety(gm)
-        unexpected = []
-        for finding in result.findings:
-            if known_forward_reuse(gm, finding):
-                event("known issue: forward memory reuse")
-            else:
-                unexpected.append(finding)
-        assert not unexpected, f"{label}:\n{result}\n{gm.graph}\nprogram:\n{program}"
+        assert result, f"{label}:\n{result}\n{gm.graph}\nprogram:\n{program}"
 
 
 def assert_no_leak(captured: Capture, streams: list[SimStream]) -> None:
@@ -167,7 +131,7 @@ def test_generated_program_does_not_leak(program: Program) -> None:
     assert_no_leak(captured, streams)
 
 
-# -- known issues, each with its smallest reproducer ----------------------------------------
+# -- issues found by the generator, each with its smallest reproducer ---------------------
 
 
 def saved_control_deps(
@@ -185,15 +149,42 @@ def saved_control_deps(
     return (v7,)
 
 
-@pytest.mark.xfail(
-    TORCH == (2, 13), reason="package bug on torch 2.13: KeyError 'val'", strict=True
-)
 @pytest.mark.usefixtures("installed")
 def test_sync_after_unused_side_stream_result_compiles() -> None:
     x, w = leaves()
     compiled = torch.compile(saved_control_deps, backend="userstreams_aot_eager")
     out = compiled(x, w, SimStream(device="cpu"), SimStream(device="cpu"))
     backward(out)
+
+
+def forward_sync_saved(
+    x: torch.Tensor, w: torch.Tensor, s2: torch.Stream
+) -> tuple[torch.Tensor, ...]:
+    """A forward sync copied into the backward graph saved its control_deps (no tensor)."""
+    s0 = torch.Stream(device="cpu")
+    with s0:
+        v2 = w.sin()
+        v3 = x.sin()
+    e4 = torch.Event(device="cpu")
+    e4.record(s0)
+    s2.wait_event(e4)
+    v5 = v3.tanh()
+    v7 = x.cos()
+    v2.mul_(2.0)
+    return v5, v7.sin(), w + x, w * 0.5
+
+
+@pytest.mark.usefixtures("installed")
+def test_forward_syncs_stay_in_the_forward_graph() -> None:
+    x, w = leaves()
+    captured = capture(forward_sync_saved, x, w, SimStream(device="cpu"))
+    (table,) = captured.tables
+    (backward_graph,) = captured.backward
+    syncs = [s for s in read_graph(backward_graph, {}).steps if isinstance(s, Sync)]
+    events = [s.args[0] for s in syncs if s.name in ("record_event", "wait_event")]
+    assert events, backward_graph.graph
+    forward_events = [i for i in events if table.entries[i].phase is not Phase.BACKWARD]
+    assert forward_events == [], f"forward syncs in the backward graph:\n{backward_graph.graph}"
 
 
 def frees_early(x: torch.Tensor, w: torch.Tensor, s1: torch.Stream) -> tuple[torch.Tensor, ...]:
@@ -213,7 +204,6 @@ def frees_early(x: torch.Tensor, w: torch.Tensor, s1: torch.Stream) -> tuple[tor
     return b, c
 
 
-@pytest.mark.xfail(reason="KNOWN_FORWARD_REUSE: no dealloc sync in forward graphs", strict=True)
 def test_forward_keeps_cross_stream_values_until_their_stream_waits() -> None:
     x, w = leaves()
     (forward,) = capture(frees_early, x, w, SimStream(device="cpu")).forward

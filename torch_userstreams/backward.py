@@ -1,13 +1,18 @@
 """Give each backward the binding of the forward call it differentiates.
 
 AOTAutograd runs a compiled graph's backward as one autograd node
-(``CompiledFunctionBackward``, a Python object). After a forward call whose outputs require
-grad, we store the call's binding on that node; while the node runs, the autograd engine
-reports it as the thread's current node, which is where ``lookup`` finds the binding —
-whatever thread runs the backward, with no state to clean up if it fails. The node holds the
-binding, so the objects the call created live exactly as long as its autograd graph (until
-its backward ran and the graph was freed, or the graph is dropped without a backward), and
-inputs are held weakly: a stream the user deleted gives a clear error, not a substitute.
+(``CompiledFunctionBackward``, a Python object); higher-order ops run eagerly (``torch.cond``,
+checkpointing) make Python nodes of their own. After a forward call whose outputs require
+grad, we store the call's binding on every Python node the call made; while such a node
+runs, the autograd engine reports it as the thread's current node, which is where
+``lookup`` finds the binding — whatever thread runs the backward, with no state to clean
+up if it fails. The nodes hold the binding, so the objects of the call (its inputs
+included) live exactly as long as its autograd graph, as in eager.
+
+Which nodes the call made: those whose autograd sequence number falls in the range the
+call used on this thread. The walk from the outputs stops at older nodes, so it never
+reaches (or relabels) another call's nodes, however many views sit between an output and
+its compiled node.
 """
 
 from __future__ import annotations
@@ -16,13 +21,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 
-from . import runtime
-
-_COMPILED_BACKWARD = "CompiledFunctionBackward"
-# Views and aliases of a compiled function's outputs are regenerated outside it; their
-# autograd nodes sit a few steps above the compiled node.
-_MAX_DEPTH = 4
+from . import native, runtime
 
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
@@ -34,37 +35,40 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
                 yield item
 
 
-def compiled_backward_nodes(out: Any) -> list[Any]:
-    """The ``CompiledFunctionBackward`` nodes that the outputs ``out`` depend on directly."""
-    found: dict[int, Any] = {}
+def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
+    """The autograd nodes behind ``out`` made on this thread in sequence numbers [first, last)."""
     seen: set[int] = set()
-    frontier = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
-    for _ in range(_MAX_DEPTH):
-        next_frontier: list[Any] = []
-        for node in frontier:
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            if node.name().startswith(_COMPILED_BACKWARD):
-                found[id(node)] = node
-                continue
-            next_frontier.extend(fn for fn, _ in node.next_functions)
-        frontier = next_frontier
-    return list(found.values())
+    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen or not first <= node._sequence_nr() < last:
+            continue
+        seen.add(id(node))
+        yield node
+        todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 
-def attach(binding: runtime.Binding, out: Any) -> runtime.Binding | None:
+def attach(binding: runtime.Binding, out: Any, first: int, last: int) -> bool:
     """Make the backward of this call resolve user objects against ``binding``.
 
-    Called after a forward whose outputs carry an autograd graph. Returns the binding the
-    call keeps (inputs weakened, since a backward holds it), or None when there is no
-    compiled backward node (a backend without AOTAutograd): the graph's structure is fixed,
-    so the caller stops asking.
+    Returns False when the call made no Python autograd node (a backend without
+    AOTAutograd): the graph's structure is fixed, so the caller stops asking.
     """
-    nodes = compiled_backward_nodes(out)
-    if not nodes:
-        return None
-    binding = runtime.weakened(binding)
-    for node in nodes:
-        setattr(node, runtime.BINDING_ATTR, binding)
-    return binding
+    attached = False
+    for node in nodes_made(out, first, last):
+        if not isinstance(node, BackwardCFunction):
+            continue  # a C++ node: it runs no user-object lookup
+        attached = True
+        if getattr(node, runtime.BINDING_ATTR, None) is None:  # a nested call's: keep it
+            setattr(node, runtime.BINDING_ATTR, binding)
+            node.register_prehook(_feed_native_if_uninstalled)
+    return attached
+
+
+def _feed_native_if_uninstalled(grad_outputs: Any) -> None:
+    """After ``uninstall()``, native ops read native's table: give it this call's objects."""
+    if not native.installed:
+        node = torch._C._current_autograd_node()
+        binding = getattr(node, runtime.BINDING_ATTR, None)
+        if binding is not None:
+            native.feed(binding)

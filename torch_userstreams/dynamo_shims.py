@@ -119,9 +119,28 @@ def get_current_stream(device: torch.device) -> int:
 
 
 def reset_user_object_tracking() -> None:
-    """Dynamo starts a frame compile: native tables reset as before; our staging too."""
+    """Dynamo starts a frame compile: native tables reset as before; our staging too, and a
+    stream annotation leaked by an earlier trace is dropped."""
     reset_staging()
+    _drop_leaked_stream_annotation()
     NATIVE["reset_user_object_tracking"]()
+
+
+def _drop_leaked_stream_annotation() -> None:
+    """Dynamo enters ``with stream:`` by running ``fx.traceback.annotate({"stream": i})`` for
+    real, and exits it when the trace cleans up. A trace that fails inside (upstream
+    Dynamo raises "multiple exits?" on ``with s1: with s2: with s1:``) never exits, and
+    every node of every later trace would run on stream ``i`` of some other graph. No
+    frame compile starts inside a stream context, so any stream annotation here leaked."""
+    from torch.fx import traceback as fx_traceback
+
+    custom = fx_traceback.current_meta.get("custom")
+    if isinstance(custom, dict) and "stream" in custom:
+        log.warning(
+            "torch_userstreams: dropped the stream annotation %r that an earlier, failed "
+            "trace left behind",
+            custom.pop("stream"),
+        )
 
 
 def has_user_objects() -> bool:

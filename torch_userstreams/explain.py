@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +31,38 @@ class ExplainReport:
 def explain(
     fn: Callable[..., Any], *args: Any, backend: Any = "eager", **kwargs: Any
 ) -> ExplainReport:
-    """Compile and run ``fn(*args, **kwargs)`` once with the package; report every graph."""
+    """Compile and run ``fn(*args, **kwargs)`` once with the package; report every graph.
+
+    A fresh copy of ``fn`` is compiled, so it compiles even if ``fn`` was compiled before,
+    and the rest of the process (other compiled functions, Dynamo's caches) is left alone.
+    Frames ``fn`` reaches through a graph break that are already compiled keep their code.
+    """
     import torch
 
     from . import installed
     from .registration import collecting_tables
 
-    torch._dynamo.reset()
     with installed(), collecting_tables() as tables:
-        result = torch.compile(fn, backend=backend)(*args, **kwargs)
+        result = torch.compile(fresh_copy(fn), backend=backend)(*args, **kwargs)
     return ExplainReport(tables=list(tables), result=result)
+
+
+def fresh_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: Dynamo caches compiled code per code object.
+
+    A plain function is copied; any other callable (a module, a bound method) is called
+    from a new forwarding function, which Dynamo traces into.
+    """
+    if not isinstance(fn, types.FunctionType):
+        target = fn
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return target(*args, **kwargs)
+
+        fn = forward
+    copy = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    return copy

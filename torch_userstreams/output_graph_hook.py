@@ -15,6 +15,7 @@ from typing import Any
 
 from . import backward, epilogue, prologue, registration, runtime, sync_calls
 from .errors import UnsupportedPathError, UserObjectError
+from .passes.annotations import check_streams
 from .table import UserObjectTable
 
 log = logging.getLogger("torch_userstreams")
@@ -102,7 +103,9 @@ def wrap(original: Callable[..., Any], lookup_targets: tuple[Any, ...]) -> Calla
 
     @functools.wraps(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sync_calls.rewrite(self.graph, lookup_targets, registration.table_of(self))
+        table = registration.table_of(self)
+        sync_calls.rewrite(self.graph, lookup_targets, table)
+        check_streams(self.graph, table)
         with registration.compiling(self):
             result = original(self, *args, **kwargs)
         table = registration.take_table(self)

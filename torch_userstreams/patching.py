@@ -8,6 +8,7 @@ the identical objects, staticmethod descriptors included.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import re
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import dynamo_shims, runtime, stream_ops
+from . import dynamo_shims, native, runtime, stream_ops
 from .errors import PatchPointError, UnsupportedTorchError
 from .patch_points import (
     LAZY_MODULES,
@@ -193,12 +194,22 @@ def _record_natives(writes: list[tuple[Site, Any]]) -> None:
     for site, _ in writes:
         if site.point.module.endswith("graph_bytecode_inputs"):
             dynamo_shims.NATIVE.setdefault(site.point.qualname, site.original)
-    runtime.set_native_lookup(dynamo_shims.NATIVE["get_external_object_by_index"])
+
+
+@contextlib.contextmanager
+def _between_compiles() -> Iterator[None]:
+    """Hold Dynamo's compile lock: a compile in flight on another thread finishes first, on
+    the mechanism it started with, and no compile starts until the patches are all written
+    (or all restored). Re-entrant, so a backend may install while it compiles."""
+    from torch._dynamo.convert_frame import compile_lock
+
+    with compile_lock, _lock:
+        yield
 
 
 def install() -> None:
     """Patch torch.compile's user-object layer. Idempotent; raises and patches nothing on error."""
-    with _lock:
+    with _between_compiles():
         if _applied:
             return
         minor = supported_minor()
@@ -213,6 +224,7 @@ def install() -> None:
             _restore(done)
             raise
         _applied.extend(done)
+        native.set_installed(True)
 
 
 def _restore(done: list[tuple[Site, Any]]) -> None:
@@ -222,10 +234,10 @@ def _restore(done: list[tuple[Site, Any]]) -> None:
 
 def uninstall() -> None:
     """Restore every patched attribute to the identical object it replaced."""
-    with _lock:
+    with _between_compiles():
         _restore(_applied)
         _applied.clear()
-        runtime.set_native_lookup(None)
+        native.set_installed(False)
         runtime.forget_thread_state()
 
 

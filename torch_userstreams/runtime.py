@@ -4,25 +4,24 @@ The prologue of a call builds a ``Binding`` (the graph, then that call's objects
 leaves it in this thread's ``pending`` slot; the graph's ``BoundGraph`` takes it from there
 and runs the compiled function with it as the thread's current binding, so every
 ``lookup(i)`` made while it runs — FX nodes, ``streams::*`` ops, Inductor's wrapper —
-resolves against *this* call. Nothing is global: a nested compiled call makes its own
-binding current and restores the outer one, another thread has its own, and a backward
-finds the binding of the forward call it differentiates on its autograd node
-(``backward.py``).
+resolves against *this* call. Nothing per call is global: a nested compiled call makes
+its own binding current and restores the outer one, another thread has its own, and a
+backward finds the binding of the forward call it differentiates on its autograd node
+(``backward.py``). What native Dynamo's global table still needs (graphs compiled before
+``install()``, native ops after ``uninstall()``) is in ``native.py``.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from . import native
 from .errors import UserObjectError
 from .table import UserObjectTable
-
-_WEAKREF = weakref.ReferenceType
 
 
 class _Calls:
@@ -73,7 +72,7 @@ def objects_of(binding: Binding) -> tuple[Any, ...]:
 
 
 def resolve(binding: Binding, index: int) -> Any:
-    """The object at table ``index``: dereferenced if held weakly, checked if absent."""
+    """The object at table ``index`` of the call ``binding``; checked, with a clear error."""
     if type(index) is not int or not 0 <= index < len(binding) - 1:
         raise UserObjectError(
             f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user "
@@ -81,55 +80,25 @@ def resolve(binding: Binding, index: int) -> Any:
             "was registered for another graph; request objects through the compile being run."
         )
     obj = binding[index + 1]
-    if type(obj) is _WEAKREF:
-        obj = obj()
-        if obj is None:
-            raise _dead(binding, index)
-    elif obj is None:
+    if obj is None:
         raise _unused(binding, index)
     return obj
 
 
-def weakened(binding: Binding) -> Binding:
-    """``binding`` holding only what the call created strongly: inputs stay owned by the
-    user (the backward keeps this one)."""
-    graph = graph_of(binding)
-    objects = (
-        obj if obj is None or entry.held_strongly else weakref.ref(obj)
-        for entry, obj in zip(graph.table.entries, objects_of(binding), strict=True)
-    )
-    return (graph, *objects)
-
-
-def _entry_error(binding: Binding, index: int, why: str) -> UserObjectError:
+def _unused(binding: Binding, index: int) -> UserObjectError:
     table = graph_of(binding).table
     entry = table.entries[index]
     return UserObjectError(
         f"torch_userstreams: user object {index} of graph {table.graph_name} "
-        f"({entry.kind.value} {entry.example_type}, {entry.origin}) {why}"
+        f"({entry.kind.value} {entry.example_type}, {entry.origin}) was not loaded by the "
+        "prologue because no node of the graph read it at compile time. A backend that "
+        "reads it must request it with torch_userstreams.current_stream() while compiling."
     )
 
 
-def _dead(binding: Binding, index: int) -> UserObjectError:
-    return _entry_error(
-        binding,
-        index,
-        "is no longer alive when the backward needs it. Keep the stream/event alive until "
-        "backward() has run.",
-    )
-
-
-def _unused(binding: Binding, index: int) -> UserObjectError:
-    return _entry_error(
-        binding,
-        index,
-        "was not loaded by the prologue because no node of the graph read it at compile "
-        "time. A backend that reads it must request it with "
-        "torch_userstreams.current_stream() while compiling.",
-    )
-
-
-AfterForward = Callable[[Binding, Any], Binding | None]
+# Called after a call whose outputs carry an autograd graph, with the call's binding, its
+# outputs and the autograd sequence numbers of the nodes the call made ([first, last)).
+AfterForward = Callable[[Binding, Any, int, int], bool]
 
 
 class BoundGraph:
@@ -149,8 +118,8 @@ class BoundGraph:
     ) -> None:
         self.fn = fn
         self.table = table
-        # Called after a call whose outputs carry an autograd graph; returns the binding to
-        # keep, or None when this graph has no compiled backward (then never called again).
+        # Hands the call's binding to its backward; returns False when the call made no
+        # autograd node that could hold it (then it is never called again for this graph).
         self.after_forward = after_forward
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
@@ -174,6 +143,7 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
     state = _state
     fn = bound.fn
     tensor = torch.Tensor
+    next_sequence_nr = torch._C._autograd._get_sequence_nr
 
     def run(*args: Any) -> Any:
         calls = state.calls
@@ -181,10 +151,11 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         if binding is None or binding[0] is not bound:
             raise bound.unbound_call()
         calls.pending = None
-        if not _native_lookup:
-            _feed_native_table(binding)
+        if not native.installed:
+            native.feed(binding)
         outer = calls.current
         calls.current = binding
+        first = next_sequence_nr()
         try:
             out = fn(*args)
         finally:
@@ -193,11 +164,8 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
             # Only outputs that carry an autograd graph have a backward to hand over to.
             for item in out if type(out) is tuple or type(out) is list else (out,):
                 if isinstance(item, tensor) and item.grad_fn is not None:
-                    kept = bound.after_forward(binding, out)
-                    if kept is None:
-                        bound.after_forward = None  # this graph has no compiled backward
-                    else:
-                        binding = kept
+                    if not bound.after_forward(binding, out, first, next_sequence_nr()):
+                        bound.after_forward = None  # this graph makes no node to hold it
                     break
         if bound.returns_objects:
             calls.last = binding
@@ -207,18 +175,7 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
     return run
 
 
-NativeLookup = Callable[[int], Any]
-_native_lookup: list[NativeLookup] = []
-
-
-def set_native_lookup(fn: NativeLookup | None) -> None:
-    """Graphs compiled before install() still read native's table through ``lookup``."""
-    _native_lookup.clear()
-    if fn is not None:
-        _native_lookup.append(fn)
-
-
-# The forward call's binding, stored on its compiled backward node by ``backward.attach``.
+# The forward call's binding, stored on the autograd nodes it made by ``backward.attach``.
 BINDING_ATTR = "_torch_userstreams_binding"
 _current_autograd_node = torch._C._current_autograd_node
 
@@ -234,24 +191,22 @@ def _compile_time_table() -> UserObjectTable | None:
     return table_if_compiling()
 
 
-def _feed_native_table(binding: Binding) -> None:
-    """After ``uninstall()`` native ``streams::*`` ops read native's table: fill it too."""
-    from torch._dynamo import graph_bytecode_inputs as native
-
-    native.store_user_object_weakrefs(*(o for o in objects_of(binding) if o is not None))
-
-
 def lookup(index: int) -> Any:
-    """The current call's user object at ``index``; usable as an FX node target."""
+    """The current call's user object at ``index``; usable as an FX node target.
+
+    Resolved, in order, against: the compiled call running on this thread; the forward
+    call whose backward is running; the graph being traced or compiled (its examples); the
+    graph strict ``torch.export`` re-runs; native Dynamo's table, for a graph compiled
+    before ``install()`` whose native prologue filled it. Anything else is an error.
+    """
     binding = _state.calls.current
     if binding is not None:
-        if index >= 0:  # the common case, a strongly held object, without calling resolve
-            try:
-                obj = binding[index + 1]
-            except IndexError:
-                obj = None
-            if obj is not None and type(obj) is not _WEAKREF:
-                return obj
+        try:  # the common case, without calling resolve
+            obj = binding[index + 1]
+        except (IndexError, TypeError):
+            obj = None
+        if obj is not None and index >= 0:
+            return obj
         return resolve(binding, index)
     backward_binding = _backward_binding()
     if backward_binding is not None:
@@ -262,10 +217,11 @@ def lookup(index: int) -> Any:
     exported = _state.calls.exported
     if exported is not None:
         return exported.example(index)
-    if _native_lookup:
-        return _native_lookup[0](index)
+    found = native.object_at(index)
+    if found is not None:
+        return found
     raise UserObjectError(
-        f"torch_userstreams.lookup({index}) was called outside any compiled call: user "
+        f"torch_userstreams.lookup({index!r}) was called outside any compiled call: user "
         "objects are only bound while a compiled graph (or its backward) runs."
     )
 

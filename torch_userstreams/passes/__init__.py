@@ -13,7 +13,7 @@ from .backward_syncs import insert_backward_syncs as _insert_syncs
 from .dealloc_syncs import sync_deallocations as _sync_deallocations
 from .grad_accumulation import assign_accumulation_streams
 from .inherit_streams import inherit_streams
-from .sync_ordering import wrap_sync_nodes
+from .sync_ordering import pin_syncs_to_their_phase, wrap_sync_nodes
 
 
 def _has_streams(gm: torch.fx.GraphModule) -> bool:
@@ -36,9 +36,11 @@ def insert_backward_syncs(gm: torch.fx.GraphModule) -> None:
 
 
 def sync_deallocations(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's pass (which needs triton and GPU bandwidth estimates)."""
+    """Replaces AOTAutograd's pass (which needs triton and GPU bandwidth estimates); the
+    last of the joint-graph passes on every torch, so it also pins syncs to their phase."""
     if _has_streams(gm):
         _sync_deallocations(gm)
+    pin_syncs_to_their_phase(gm)
 
 
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:

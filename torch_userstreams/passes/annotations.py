@@ -14,8 +14,9 @@ import torch
 import torch.fx
 
 from .. import api
-from ..errors import UnsupportedPathError
+from ..errors import UnsupportedPathError, UserObjectError
 from ..registration import compiling_table, table_if_compiling
+from ..table import UserObjectTable
 
 RECORDS_KEY = "torch_userstreams"
 _BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
@@ -39,6 +40,27 @@ def stream_of(node: torch.fx.Node) -> int | None:
         index = custom.get("stream")
         return index if isinstance(index, int) else None
     return None
+
+
+def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
+    """Every stream annotation of ``graph`` names a stream of its own ``table``.
+
+    An annotation that does not (an index of another graph, left by a failed trace) would
+    run the node on some other call's object, or fail deep inside a backend.
+    """
+    for node in graph.nodes:
+        index = stream_of(node)
+        if index is None:
+            continue
+        known = 0 <= index < len(table)
+        if not known or not isinstance(table.entries[index].example, torch.Stream):
+            what = table.entries[index].describe().strip() if known else "nothing"
+            raise UserObjectError(
+                f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
+                f"annotated to run on stream {index}, but entry {index} of its table is "
+                f"{what}. A stream annotation from another trace leaked into this one; "
+                "call torch._dynamo.reset() and compile again, and report it if it recurs."
+            )
 
 
 def set_stream(node: torch.fx.Node, index: int) -> None:
@@ -118,6 +140,17 @@ def is_gradient_accumulation(node: torch.fx.Node) -> bool:
 def mark_backward(node: torch.fx.Node) -> None:
     """Nodes a backward pass inserts must stay in the backward graph when partitioned."""
     node.meta["partitioner_tag"] = "must_be_in_backward"
+
+
+def mark_forward(node: torch.fx.Node) -> None:
+    """Forward syncs must stay in the forward graph when partitioned: a sync names only
+    table indices, so without the tag the partitioner copies it into the backward graph
+    too (and saves its ``control_deps`` wrapper there, which holds no tensor)."""
+    node.meta["partitioner_tag"] = "must_be_in_forward"
+
+
+def mark_phase(node: torch.fx.Node, backward: bool) -> None:
+    (mark_backward if backward else mark_forward)(node)
 
 
 def record(node: torch.fx.Node, pass_name: str, note: str) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .annotations import is_backward, stream_of
+from ..stream_ops import is_sync_op
+from .annotations import is_backward, mark_phase, stream_of
 
 PASS_NAME = "sync_ordering"
 Buckets = dict[int | None, list[torch.fx.Node]]
@@ -47,11 +48,22 @@ def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Nod
 
 def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
     """The partitioner must keep a wrapped sync (and what re-exports it) in its own graph."""
-    tag = "must_be_in_backward" if backward else "is_forward"
     for node in (control, *control.all_input_nodes, *control.users):
         if node.op in ("get_attr", "call_function") and node.meta.get("partitioner_tag") is None:
-            node.meta["partitioner_tag"] = tag
-    control.meta["partitioner_tag"] = tag
+            mark_phase(node, backward)
+    mark_phase(control, backward)
+
+
+def pin_syncs_to_their_phase(gm: torch.fx.GraphModule) -> bool:
+    """Tag every sync of the joint graph with its phase (see ``mark_forward``). Returns
+    whether any tag changed."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and is_sync_op(node.target):
+            before = node.meta.get("partitioner_tag")
+            mark_phase(node, is_backward(node))
+            changed |= node.meta["partitioner_tag"] != before
+    return changed
 
 
 def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:

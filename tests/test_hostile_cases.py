@@ -1,0 +1,295 @@
+"""Cases a hostile user found: silent wrong objects and unclear crashes around object
+lifetimes, install state, leaked annotations and errors. Each failed on the package before
+its fix; the comment at each test says what it did then."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+from helpers import forget_bindings, live_user_objects
+
+import torch_userstreams
+from torch_userstreams import runtime
+from torch_userstreams.errors import UserObjectError
+from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.table import Phase
+
+BACKENDS = ("userstreams_aot_eager", "userstreams", "aot_eager")
+
+
+def side(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = (x * w).sin()
+    return (y * w).sum()
+
+
+def two_streams(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1:
+        y = x.sin()
+    with s2:
+        z = y.cos()
+    return (z * 2).sum()
+
+
+def leaves() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.rand(4, generator=gen, requires_grad=True) for _ in range(2))  # type: ignore[return-value]
+
+
+def eager_grads(fn: Callable[..., torch.Tensor], *args: Any) -> list[torch.Tensor]:
+    tensors = [a.detach().clone().requires_grad_() for a in args if isinstance(a, torch.Tensor)]
+    others = [a for a in args if not isinstance(a, torch.Tensor)]
+    fn(*tensors, *others).backward()
+    return [t.grad for t in tensors]  # type: ignore[misc]
+
+
+def binding_on(out: torch.Tensor) -> runtime.Binding:
+    """The binding the call that made ``out`` left on its autograd nodes."""
+    todo = [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        binding = getattr(node, runtime.BINDING_ATTR, None)
+        if binding is not None:
+            return binding  # type: ignore[no-any-return]
+        todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+    raise AssertionError("no binding on the call's autograd nodes")
+
+
+def backward_events(binding: runtime.Binding) -> list[Any]:
+    entries = runtime.graph_of(binding).table.entries
+    return [runtime.objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]
+
+
+# 1. A stream passed as a temporary: calls 1 and 2 raised "no longer alive when the
+#    backward needs it" (the backward held inputs weakly).
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stream_passed_as_a_temporary(backend: str) -> None:
+    compiled = torch.compile(side, backend=backend)
+    x, w = leaves()
+    for _ in range(3):
+        out = compiled(x, w, SimStream(device="cpu"))
+        forget_bindings()  # the test's spy would keep the stream alive
+        gc.collect()
+        out.backward()
+    want = eager_grads(side, x, w, SimStream(device="cpu"))
+    torch.testing.assert_close((x.grad, w.grad), tuple(3 * g for g in want))
+    forget_bindings()
+    before = live_user_objects()
+    for _ in range(20):
+        compiled(x, w, SimStream(device="cpu")).backward()
+    forget_bindings()
+    assert live_user_objects() - before <= 0, "+0 live objects per training step"
+
+
+# 2. Outputs made through a chain of views: the backward raised native's "Index not
+#    registered" (the binding search stopped four nodes up the autograd graph).
+def view_chain(x: torch.Tensor, s: torch.Stream) -> tuple[torch.Tensor, torch.Tensor]:
+    with s:
+        z = x.sin() * 2
+    v = z
+    for _ in range(6):
+        v = v.unsqueeze(0).squeeze(0)
+    return v, z.detach()
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_through_chains_of_views(backend: str) -> None:
+    x = torch.rand(4, requires_grad=True)
+    v, _ = torch.compile(view_chain, backend=backend)(x, SimStream(device="cpu"))
+    events = backward_events(binding_on(v))
+    v.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    assert all(event.recorded for event in events)
+
+
+# 3. uninstall() while a backward is pending: A's backward waits landed on the streams of
+#    B, a forward made after uninstall() (or raised native's AssertionError without B).
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_uninstall_while_a_backward_is_pending(backend: str) -> None:
+    torch_userstreams.install()
+    compiled = torch.compile(two_streams, backend=backend)
+    x = torch.rand(4, requires_grad=True)
+    a_streams = SimStream(device="cpu"), SimStream(device="cpu")
+    b_streams = SimStream(device="cpu"), SimStream(device="cpu")
+    a = compiled(x, *a_streams)
+    a_binding = binding_on(a)
+    torch_userstreams.uninstall()
+    b = compiled(x, *b_streams)
+    a.backward()
+    own = {id(obj) for obj in runtime.objects_of(a_binding)}
+    used = [stream for event in backward_events(a_binding) for _, stream in event.log]
+    assert used and all(id(stream) in own for stream in used)
+    b.backward()
+    torch.testing.assert_close(x.grad, 2 * eager_grads(two_streams, x, *a_streams)[0])
+
+
+# 4. install() from another thread while a function compiles: every later call of it
+#    synchronized the first call's streams; uninstall() mid-compile failed for want of triton.
+def record_and_wait(
+    x: torch.Tensor, s1: torch.Stream, s2: torch.Stream, done: torch.Event
+) -> torch.Tensor:
+    with s1:
+        y = x + 1
+    done.record(s1)
+    done.wait(s2)
+    with s2:
+        return y * 2
+
+
+@pytest.mark.parametrize("change", ["install", "uninstall"])
+def test_install_state_changes_wait_for_a_compile_in_flight(change: str) -> None:
+    if change == "uninstall":
+        torch_userstreams.install()
+    compiling, release = threading.Event(), threading.Event()
+
+    def slow_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compiling.set()
+        assert release.wait(10)
+        return gm
+
+    compiled = torch.compile(record_and_wait, backend=slow_backend)
+    calls = [(SimStream(device="cpu"), SimStream(device="cpu"), SimEvent(device="cpu"))]
+    compiler = threading.Thread(target=lambda: compiled(torch.ones(2), *calls[0]))
+    changed = threading.Event()
+    changer = threading.Thread(
+        target=lambda: (getattr(torch_userstreams, change)(), changed.set())
+    )
+    compiler.start()
+    assert compiling.wait(10)
+    changer.start()
+    assert not changed.wait(0.5), f"{change}() returned while a compile was in flight"
+    release.set()
+    compiler.join()
+    changer.join()
+    assert changed.is_set()
+    calls.append((SimStream(device="cpu"), SimStream(device="cpu"), SimEvent(device="cpu")))
+    torch.testing.assert_close(compiled(torch.ones(2), *calls[1]), torch.full((2,), 4.0))
+    for s1, s2, done in calls:
+        assert done.log == [("record", s1), ("wait", s2)], "each call syncs its own streams"
+
+
+# 5. A stream annotation leaked by a failed trace (`with s1: with s2: with s1:`) annotated
+#    every node of the next compiled function with stream 0 of the failed graph.
+def reenters(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1, s2, s1:
+        return x + 1
+
+
+def stream_free(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + 1
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_a_leaked_stream_annotation_is_dropped(backend: str) -> None:
+    from torch.fx import traceback as fx_traceback
+
+    s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")
+    with pytest.raises(Exception, match="multiple exits"):
+        torch.compile(reenters, backend=backend)(torch.ones(2), s1, s2)
+    torch._dynamo.reset()
+    x = torch.rand(3)
+    torch.testing.assert_close(torch.compile(stream_free, backend=backend)(x), stream_free(x))
+    assert "stream" not in fx_traceback.current_meta.get("custom", {})
+
+
+def test_an_annotation_naming_no_stream_of_the_graph_is_rejected() -> None:
+    from torch_userstreams.passes.annotations import check_streams, set_stream
+    from torch_userstreams.table import EntryKind, UserObjectTable
+
+    table = UserObjectTable("g")
+    table.add(EntryKind.GRAPH_CREATED, "an event", lambda cg: None, torch.Event(device="cpu"))
+    graph = torch.fx.Graph()
+    node = graph.call_function(torch.sin, (graph.placeholder("x"),))
+    for index, what in ((0, "graph-created"), (3, "nothing")):
+        set_stream(node, index)
+        with pytest.raises(
+            UserObjectError, match=rf"node sin of graph g .* stream {index}.*{what}"
+        ):
+            check_streams(graph, table)
+
+
+# 6. Installing changed eager code: eager torch.cond whose branch enters a stream failed in
+#    backward with native's "Index not registered".
+def cond_with_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    def on_stream(x: torch.Tensor) -> torch.Tensor:
+        with s:
+            return x.sin()
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x.cos()
+
+    return torch.cond(x.sum() > 0, on_stream, plain, (x,)).sum()
+
+
+def test_installing_does_not_change_eager_cond() -> None:
+    values = torch.rand(3)
+    grads = []
+    for install in (False, True):
+        if install:
+            torch_userstreams.install()
+        x = values.clone().requires_grad_()
+        cond_with_stream(x, SimStream(device="cpu")).backward()
+        grads.append(x.grad)
+        torch._dynamo.reset()
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(grads[0], values.cos())
+
+
+# 7. Clear errors: lookup(999) raised native's AssertionError and lookup('x') a TypeError.
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("index", [999, "x", -1, 1.0])
+def test_a_bad_lookup_raises_the_package_error(index: Any) -> None:
+    with pytest.raises(UserObjectError, match=rf"lookup\({index!r}\)"):
+        torch_userstreams.lookup(index)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        with gm.graph.inserting_after(placeholder):
+            gm.graph.call_function(torch_userstreams.lookup, (index,))
+        gm.recompile()
+        return gm
+
+    with pytest.raises(UserObjectError, match=rf"graph side .* no user object at index {index!r}"):
+        torch.compile(side, backend=backend)(*leaves(), SimStream(device="cpu"))
+
+
+@pytest.mark.usefixtures("installed")
+def test_explain_leaves_other_compiled_functions_alone() -> None:
+    compiles: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compiles.append(1)
+        return gm
+
+    other = torch.compile(stream_free, backend=counting)
+    other(torch.ones(2))
+    for _ in range(2):  # a second explain of the same function compiles it again
+        report = torch_userstreams.explain(side, *leaves(), SimStream(device="cpu"))
+        assert len(report.tables) == 1
+    other(torch.ones(2))
+    assert len(compiles) == 1, "explain() made the other function recompile"
+
+
+@pytest.mark.usefixtures("installed")
+def test_backward_bindings_are_released_with_the_autograd_graph() -> None:
+    compiled = torch.compile(side, backend="userstreams_aot_eager")
+    x, w = leaves()
+    compiled(x, w, SimStream(device="cpu")).backward()
+    forget_bindings()
+    gc.collect()
+    before = live_user_objects()
+    out = compiled(x, w, SimStream(device="cpu"))
+    assert live_user_objects() > before
+    out.backward()
+    del out
+    forget_bindings()
+    assert live_user_objects() == before
