@@ -59,8 +59,9 @@ def is_sync_op(target: Any) -> bool:
 
 
 def op_name(target: Any) -> str:
-    """``record_event`` for ``torch.ops.streams.record_event.default``, and so on."""
-    return str(getattr(target, "_opname", target))
+    """``record_event`` for ``torch.ops.streams.record_event`` (the overload or its packet)."""
+    name = getattr(target, "_opname", None) or getattr(target, "_qualified_op_name", None)
+    return str(name or target).rsplit("::", 1)[-1]
 
 
 def native_op(name: str) -> Any | None:

@@ -1,0 +1,118 @@
+"""A compiled graph as a list of steps the host issues in order, each on its stream.
+
+Both package backends run graphs this way: ``userstreams_aot_eager`` one step per node,
+``userstreams`` one step per Inductor-compiled stream region, and both one step per sync.
+A ``Program`` is built once per compile; each call evaluates it with values of its own
+(nothing per call lives on the program, so calls on several threads do not meet) and drops
+every value after its last use, as eager code would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .runtime import lookup
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Stands for the value in ``slot`` inside an argument template."""
+
+    slot: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Call ``call(*args, **kwargs)`` on ``stream`` (None: as is); store the result in
+    ``output`` (a slot), or unpack it into ``outputs``; then drop the slots in ``frees``."""
+
+    call: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+    stream: int | None = None
+    output: int | None = None
+    outputs: tuple[int, ...] = ()
+    frees: tuple[int, ...] = ()
+
+
+def load(template: Any, values: list[Any]) -> Any:
+    """``template`` with each ``Ref`` replaced by its value (FX's containers included)."""
+    if type(template) is Ref:
+        return values[template.slot]
+    if isinstance(template, tuple):
+        return tuple(load(item, values) for item in template)
+    if isinstance(template, list):
+        return [load(item, values) for item in template]
+    if isinstance(template, dict):
+        return {key: load(item, values) for key, item in template.items()}
+    return template
+
+
+def refs(template: Any) -> Iterator[int]:
+    """The slots a template reads."""
+    if type(template) is Ref:
+        yield template.slot
+    elif isinstance(template, (tuple, list)):
+        for item in template:
+            yield from refs(item)
+    elif isinstance(template, dict):
+        for item in template.values():
+            yield from refs(item)
+
+
+class Program:
+    """Steps over ``size`` value slots; ``inputs`` are the slots of the graph's inputs."""
+
+    def __init__(self, size: int, inputs: list[int], steps: list[Step], output: Any) -> None:
+        self.size = size
+        self.inputs = inputs
+        self.output = output
+        self.steps = _with_frees(steps, set(refs(output)))
+
+    def run(self, inputs: list[Any]) -> Any:
+        values: list[Any] = [None] * self.size
+        for slot, value in zip(self.inputs, inputs, strict=True):
+            values[slot] = value
+        for step in self.steps:
+            args = load(step.args, values)
+            kwargs = load(step.kwargs, values) if step.kwargs else {}
+            if step.stream is None:
+                result = step.call(*args, **kwargs)
+            else:
+                with lookup(step.stream):
+                    result = step.call(*args, **kwargs)
+            if step.output is not None:
+                values[step.output] = result
+            elif step.outputs:
+                for slot, value in zip(step.outputs, result, strict=True):
+                    values[slot] = value
+            for slot in step.frees:
+                values[slot] = None
+        return load(self.output, values)
+
+    def boxed(self) -> Callable[[list[Any]], Any]:
+        """The AOTAutograd calling convention: one list argument, owned by the callee."""
+
+        def run(args: list[Any]) -> Any:
+            inputs = list(args)
+            args.clear()
+            return self.run(inputs)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+
+def _with_frees(steps: list[Step], kept: set[int]) -> list[Step]:
+    """Each step with the slots whose last reader (or unread writer) it is."""
+    last: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        written = [step.output] if step.output is not None else list(step.outputs)
+        for slot in (*refs(step.args), *refs(step.kwargs or {}), *written):
+            last[slot] = i
+    dies: dict[int, list[int]] = {}
+    for slot, i in last.items():
+        if slot not in kept:
+            dies.setdefault(i, []).append(slot)
+    return [replace(step, frees=tuple(dies.get(i, ()))) for i, step in enumerate(steps)]
