@@ -19,6 +19,7 @@ from torch_userstreams import runtime
 from torch_userstreams.errors import UserObjectError
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.table import Phase
+from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
 BACKENDS = ("userstreams_aot_eager", "userstreams", "aot_eager")
 
@@ -112,13 +113,19 @@ def test_outputs_through_chains_of_views(backend: str) -> None:
 
 # 3. uninstall() while a backward is pending: A's backward waits landed on the streams of
 #    B, a forward made after uninstall() (or raised native's AssertionError without B).
+#    On the fake accelerator, so that ``userstreams`` issues its syncs (on CPU it has none).
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_uninstall_while_a_backward_is_pending(backend: str) -> None:
+    with fake_accelerator():
+        _uninstall_while_a_backward_is_pending(backend)
+
+
+def _uninstall_while_a_backward_is_pending(backend: str) -> None:
     torch_userstreams.install()
     compiled = torch.compile(two_streams, backend=backend)
     x = torch.rand(4, requires_grad=True)
-    a_streams = SimStream(device="cpu"), SimStream(device="cpu")
-    b_streams = SimStream(device="cpu"), SimStream(device="cpu")
+    a_streams = FakeAcceleratorStream(), FakeAcceleratorStream()
+    b_streams = FakeAcceleratorStream(), FakeAcceleratorStream()
     a = compiled(x, *a_streams)
     a_binding = binding_on(a)
     torch_userstreams.uninstall()

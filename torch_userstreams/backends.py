@@ -1,10 +1,8 @@
 """``torch.compile`` backends that use the package: registered by name via entry points.
 
-* ``userstreams``: Inductor, with the package's table, prologue and backward passes. Inductor
-  cannot generate stream code for CPU graphs (torch 2.11-2.15: the wrapper uses stream
-  variables it only defines for GPU devices, and side-effecting sync ops get reordered), so a
-  CPU graph that uses streams runs through ``userstreams_aot_eager`` instead (CPU runs in
-  program order: same values); stream-free CPU graphs still go to Inductor.
+* ``userstreams``: Inductor, with the package's table, prologue and passes; a graph that
+  uses streams is compiled region by region and each region runs on its own stream
+  (``stream_regions_compile``); on CPU it is one Inductor graph without its syncs.
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``stream_executor``) — for debugging stream programs.
 
@@ -15,16 +13,14 @@ name, before it traces anything, so importing it installs (``install()`` is idem
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .errors import UnsupportedPathError
 from .patching import install
-from .registration import is_compiling_with_package
-
-log = logging.getLogger("torch_userstreams")
+from .registration import is_compiling_with_package, table_if_compiling
 
 
 def _require_package(backend: str) -> None:
@@ -39,27 +35,23 @@ def _require_package(backend: str) -> None:
         )
 
 
-def _uses_streams(gm: torch.fx.GraphModule) -> bool:
-    from .passes.annotations import stream_of
-    from .passes.backward_syncs import is_sync
-
-    return any(stream_of(n) is not None or is_sync(n) for n in gm.graph.nodes)
-
-
-def _on_cpu_only(example_inputs: list[Any]) -> bool:
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    return devices <= {"cpu"}
-
-
-def userstreams(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """Inductor with torch_userstreams installed (see the module docstring for CPU graphs)."""
+def userstreams(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    on_graph: Callable[[torch.fx.GraphModule, dict[str, Any]], None] | None = None,
+) -> Any:
+    """Inductor with torch_userstreams installed, each stream region compiled by Inductor
+    and run on its stream (``stream_regions_compile``). ``on_graph`` (for ``testing.capture``)
+    sees each forward and backward graph before it is compiled."""
     _require_package("userstreams")
-    if _on_cpu_only(example_inputs) and _uses_streams(gm):
-        log.info("torch_userstreams: CPU graph with streams runs on the stream executor")
-        return userstreams_aot_eager(gm, example_inputs)
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs, **kwargs)
+    from .regions import has_stream_work
+    from .stream_regions_compile import compile_fx_with_regions
+
+    if not has_stream_work(gm):
+        return compile_fx(gm, example_inputs)
+    return compile_fx_with_regions(gm, example_inputs, table_if_compiling(), on_graph=on_graph)
 
 
 def userstreams_aot_eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:

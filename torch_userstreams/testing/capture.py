@@ -7,9 +7,9 @@ backend's compilers receive them:
 * ``userstreams_aot_eager``: the modules AOTAutograd hands to the forward/backward
   compilers, which then run them with ``stream_executor.compile_with_streams`` (the
   package's backend, with recording compilers);
-* ``userstreams``: the modules Inductor's ``compile_fx`` hands to its inner compiler.
-  Inductor's post-grad passes then rewrite that module in place, so after the call it shows
-  the graph Inductor lowered (reinplacing included).
+* ``userstreams``: the modules Inductor's ``compile_fx`` hands to its inner compiler (the
+  package's ``StreamRegionsCompiler``), before it strips or splits them. Graphs without
+  streams go to Inductor directly and are not recorded.
 
 Each graph's ``gm.meta[CURRENT_STREAMS_META]`` is set to the table indices of its current
 streams, so ``check_stream_safety(gm)`` knows that unannotated nodes run on them.
@@ -97,20 +97,18 @@ def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
 
 
 def _inductor_backend(result: Capture) -> Callable[..., Any]:
-    from torch._inductor.compile_fx import compile_fx_inner
-
     from ..backends import userstreams
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         table = _table_of_graph("userstreams")
-        forward = _recording(result.forward, table, compile_fx_inner)
-        backward = _recording(result.backward, table, compile_fx_inner)
 
-        def inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-            chosen = backward if kwargs.get("is_backward", False) else forward
-            return chosen(gm, example_inputs, **kwargs)
+        def on_graph(graph: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
+            into = result.backward if kwargs.get("is_backward", False) else result.forward
+            if table is not None:
+                graph.meta[CURRENT_STREAMS_META] = current_streams(table)
+            into.append(graph)
 
-        return userstreams(gm, example_inputs, inner_compile=inner_compile)
+        return userstreams(gm, example_inputs, on_graph=on_graph)
 
     return backend
 

@@ -1,0 +1,265 @@
+"""A post-grad graph read as stream work: regions that each run on one stream, and syncs.
+
+``split(gm)`` turns a forward or backward graph into steps, in an order the host can issue:
+
+* a ``SyncStep`` for each sync op (plain, or wrapped in ``control_deps``); syncs are
+  boundaries, nothing moves across one;
+* ``Region``s of compute nodes that share a stream. Between two syncs, a node joins the
+  latest region of its stream when everything it reads is made by then; otherwise it opens
+  a new region after the others. So ``a@side, b@main, c@side`` (``c`` not reading ``b``)
+  becomes two regions, not three, and the host launches them in an order that respects
+  every data dependency. Nodes that mutate or have other side effects never move earlier
+  than what precedes them; a ``getitem`` stays with the node whose tuple it reads.
+
+``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
+outside it, its outputs the values used outside it.
+
+A ``control_deps(deps, subgraph, *operands)`` node issues the sync op of its subgraph and
+passes its operands through; it only exists to stop a compiler from moving work across the
+sync, which splitting already guarantees. ``getitem(control_deps, i)`` is read as the
+operand it passes through (``alias_of``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from .passes.annotations import stream_of
+from .stream_ops import is_sync_op
+
+CONTROL_DEPS = "control_deps"
+
+
+@dataclass(eq=False)
+class Region:
+    """Compute nodes that run on ``stream`` (None: the current stream), in graph order."""
+
+    stream: int | None
+    nodes: list[torch.fx.Node] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class SyncStep:
+    """One sync op; ``node`` issues it (the op itself, or the control_deps wrapping it)."""
+
+    node: torch.fx.Node
+    op: Any
+    args: tuple[Any, ...]  # outer-graph nodes and constants
+
+
+Step = Region | SyncStep
+
+
+def is_control_deps(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "_name", None) == CONTROL_DEPS
+
+
+def alias_of(node: Any) -> Any:
+    """The value ``node`` stands for: a control_deps passthrough is its operand."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and is_control_deps(node.args[0])
+    ):
+        index = node.args[1]
+        if not isinstance(index, int) or index == 0:
+            return None  # the sync op's own result
+        node = node.args[0].args[1 + index]
+    return node
+
+
+def sync_step(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncStep | None:
+    """The sync ``node`` issues, or None when it is not a sync."""
+    if node.op != "call_function":
+        return None
+    if is_sync_op(node.target):
+        return SyncStep(node, node.target, tuple(node.args))
+    if not is_control_deps(node):
+        return None
+    subgraph = getattr(gm, str(node.args[1].target))  # type: ignore[union-attr]
+    operands = iter(node.args[2:])
+    inner: dict[torch.fx.Node, Any] = {}
+    for sub in subgraph.graph.nodes:
+        if sub.op == "placeholder":
+            inner[sub] = next(operands, None)
+        elif sub.op == "call_function" and is_sync_op(sub.target):
+            args = torch.fx.map_arg(sub.args, lambda n: inner[n])
+            return SyncStep(node, sub.target, tuple(args))
+    raise ValueError(f"control_deps node {node.name} wraps no sync op")
+
+
+def _is_passthrough(node: torch.fx.Node) -> bool:
+    return alias_of(node) is not node
+
+
+def _pinned(node: torch.fx.Node) -> bool:
+    """Nodes that must not move earlier: mutations and other side effects."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        return True
+    return node.is_impure()
+
+
+class _Grouping:
+    """The regions of the current segment (since the last sync) as they are built."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.region_of: dict[torch.fx.Node, Region] = {}
+        self.segment: list[Region] = []  # regions since the last sync, in launch order
+        self.frozen = 0  # regions before this index of the segment take no more nodes
+
+    def sync(self, step: SyncStep) -> None:
+        self.steps.append(step)
+        self.segment, self.frozen = [], 0
+
+    def place(self, node: torch.fx.Node) -> None:
+        producer = node.args[0] if node.target is operator.getitem else None
+        if isinstance(producer, torch.fx.Node) and producer in self.region_of:
+            self._join(self.region_of[producer], node)  # a getitem stays with its tuple
+            return
+        stream = stream_of(node)
+        target = None if _pinned(node) else self._latest_ready(node, stream)
+        if target is None:
+            target = Region(stream)
+            self.steps.append(target)
+            self.segment.append(target)
+        self._join(target, node)
+        if _pinned(node):
+            self.frozen = len(self.segment) - 1
+
+    def _join(self, region: Region, node: torch.fx.Node) -> None:
+        region.nodes.append(node)
+        self.region_of[node] = region
+
+    def _latest_ready(self, node: torch.fx.Node, stream: int | None) -> Region | None:
+        """The latest region of ``stream`` in this segment that may run ``node``: every
+        value ``node`` reads is made by it or before it."""
+        candidates = [
+            i for i in range(self.frozen, len(self.segment)) if self.segment[i].stream == stream
+        ]
+        if not candidates:
+            return None
+        latest = candidates[-1]
+        for used in node.all_input_nodes:
+            region = self.region_of.get(alias_of(used))
+            if region in self.segment and self.segment.index(region) > latest:
+                return None
+        return self.segment[latest]
+
+
+def split(gm: torch.fx.GraphModule) -> list[Step]:
+    """The graph as regions and syncs, in issue order (see the module docstring)."""
+    grouping = _Grouping()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr") or _is_passthrough(node):
+            continue
+        step = sync_step(gm, node)
+        if step is not None:
+            grouping.sync(step)
+        else:
+            grouping.place(node)
+    return grouping.steps
+
+
+def _values_read(nodes: list[torch.fx.Node]) -> Iterator[torch.fx.Node]:
+    for node in nodes:
+        yield from node.all_input_nodes
+
+
+@dataclass
+class RegionModule:
+    """A region as a graph of its own: ``inputs`` and ``outputs`` are outer-graph nodes."""
+
+    gm: torch.fx.GraphModule
+    inputs: list[torch.fx.Node]
+    outputs: list[torch.fx.Node]
+
+
+def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
+    """Build ``region``'s graph (see the module docstring). The subgraphs it calls (a
+    ``torch.cond`` branch, say) lose their stream annotations: a region runs on one stream."""
+    members = set(region.nodes)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    inputs: list[torch.fx.Node] = []
+    for used in _values_read(region.nodes):
+        value = alias_of(used)
+        if value in members or used in env:
+            continue
+        if value.op == "get_attr":
+            env[used] = graph.get_attr(str(value.target))
+            env[used].meta = dict(value.meta)
+            continue
+        if value not in env:
+            placeholder = graph.placeholder(value.name)
+            placeholder.meta = dict(value.meta)
+            env[value] = placeholder
+            inputs.append(value)
+        env[used] = env[value]
+    for node in region.nodes:
+        env[node] = _without_annotation(graph.node_copy(node, lambda n: env[n]))
+    outputs = [n for n in region.nodes if any(user not in members for user in n.users)]
+    graph.output(tuple(env[n] for n in outputs))
+    module = torch.fx.GraphModule(attributes(gm, graph, keep_syncs=True), graph)
+    return RegionModule(module, inputs, outputs)
+
+
+def _without_annotation(copy: torch.fx.Node) -> torch.fx.Node:
+    """``copy`` (a fresh node, its meta a shallow copy) without its stream annotation."""
+    custom = copy.meta.get("custom")
+    if isinstance(custom, dict) and "stream" in custom:
+        copy.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
+    return copy
+
+
+def has_stream_work(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` (or a subgraph it calls) has a stream annotation or a sync."""
+    for node in gm.graph.nodes:
+        if stream_of(node) is not None or sync_step(gm, node) is not None:
+            return True
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule) and has_stream_work(sub):
+                return True
+    return False
+
+
+def without_streams(gm: torch.fx.GraphModule, *, keep_syncs: bool = False) -> torch.fx.GraphModule:
+    """A copy of ``gm`` (and of the subgraphs it calls) with no stream annotation, and, unless
+    ``keep_syncs``, no sync: a ``control_deps`` passthrough becomes its operand."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if not keep_syncs and alias_of(node) is not node:
+            value = alias_of(node)
+            env[node] = None if value is None else env[value]
+            continue
+        if not keep_syncs and sync_step(gm, node) is not None:
+            continue
+        env[node] = _without_annotation(graph.node_copy(node, lambda n: env[n]))
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(attributes(gm, graph, keep_syncs=keep_syncs), graph)
+
+
+def attributes(
+    gm: torch.fx.GraphModule, graph: torch.fx.Graph, *, keep_syncs: bool
+) -> dict[str, Any]:
+    """The attributes ``graph``'s get_attr nodes read from ``gm``; subgraphs without streams."""
+    found: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.fx.GraphModule):
+                value = without_streams(value, keep_syncs=keep_syncs)
+            found[str(node.target)] = value
+    return found

@@ -1,0 +1,211 @@
+"""The ``userstreams`` backend's compiler for each forward and backward graph.
+
+Inductor (torch 2.11-2.15) issues a region's work on the compute stream whatever its
+annotation says, and cannot generate stream code for CPU graphs at all. So AOTAutograd's
+graphs (after the package's passes and the partitioner) reach Inductor in pieces it can
+compile well, and the package runs the pieces on their streams:
+
+* a graph with no stream annotation and no sync: compiled as is;
+* a graph whose streams and events are all CPU objects: compiled as one graph with its
+  annotations and syncs removed. That is exact: a CPU stream runs nothing asynchronously,
+  every op runs in program order on the host, so every sync is already satisfied when it
+  would be issued, and no value or lifetime changes;
+* otherwise: split into regions of one stream each (``regions.split``); each region is
+  compiled by Inductor on its own; at run time the host enters each region's stream
+  (resolved from the call's binding), launches it, and issues the syncs between regions
+  in graph order (``plan``). A region compiled by Inductor is plain stream-free code, so
+  Inductor's caches serve it like any other graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx
+
+from .issue_syncs import issuer
+from .plan import Program, Ref, Step
+from .regions import (
+    Region,
+    SyncStep,
+    alias_of,
+    has_stream_work,
+    region_module,
+    split,
+    without_streams,
+)
+from .table import UserObjectTable
+
+log = logging.getLogger("torch_userstreams")
+
+Compiler = Callable[..., Any]
+GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
+
+
+def all_on_cpu(table: UserObjectTable | None) -> bool:
+    """Whether every stream and event of the graph's table is a CPU object."""
+    if table is None:
+        return True
+    return all(entry.device is None or entry.device.type == "cpu" for entry in table.entries)
+
+
+class StreamRegionsCompiler:
+    """An ``inner_compile`` for ``compile_fx``: see the module docstring.
+
+    The table is the graph's, captured when its backend ran (a backward may be compiled
+    later, outside that compile).
+    """
+
+    def __init__(
+        self,
+        table: UserObjectTable | None,
+        compile_region: Compiler,
+        on_graph: GraphHook | None = None,
+    ) -> None:
+        self.table = table
+        self.compile_region = compile_region
+        self.on_graph = on_graph
+        self.cpu = all_on_cpu(table)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        if self.on_graph is not None:
+            self.on_graph(gm, kwargs)
+        if not has_stream_work(gm):
+            return self.compile_region(gm, example_inputs, **kwargs)
+        if self.cpu:
+            return self.compile_region(without_streams(gm), example_inputs, **kwargs)
+        return self.partitioned(gm, kwargs)
+
+    def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
+        slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        steps: list[Step] = []
+        with _OutputStrides(output) as strides:
+            for step in split(gm):
+                if isinstance(step, SyncStep):
+                    steps.append(Step(issuer(step.op), _refs(step.args, slots)))
+                    continue
+                compiled = self._region_step(gm, step, slots, static, kwargs, strides)
+                if compiled is not None:
+                    steps.append(compiled)
+        name = self.table.graph_name if self.table is not None else "<graph>"
+        log.debug("torch_userstreams: graph %s runs as %d steps", name, len(steps))
+        program = Program(
+            len(slots), [slots[n] for n in placeholders], steps, _refs(output.args[0], slots)
+        )
+        return program.boxed()
+
+    def _region_step(
+        self,
+        gm: torch.fx.GraphModule,
+        region: Region,
+        slots: dict[torch.fx.Node, int],
+        static: set[torch.fx.Node],
+        kwargs: dict[str, Any],
+        strides: _OutputStrides,
+    ) -> Step | None:
+        module = region_module(gm, region)
+        if not module.outputs:
+            return None  # nothing it makes is used: no work to launch
+        region_kwargs = dict(kwargs)
+        region_kwargs["cudagraphs"] = _no_cudagraphs()
+        region_kwargs["static_input_idxs"] = [
+            i for i, node in enumerate(module.inputs) if node in static
+        ]
+        examples = [node.meta["val"] for node in module.inputs]
+        with strides.region(module.outputs):
+            compiled = self.compile_region(module.gm, examples, **region_kwargs)
+        return Step(
+            _boxed_caller(compiled),
+            tuple(Ref(slots[node]) for node in module.inputs),
+            stream=region.stream,
+            outputs=tuple(slots[node] for node in module.outputs),
+        )
+
+
+class _OutputStrides:
+    """Inductor reports the strides of a forward graph's outputs to AOTAutograd through the
+    tracing context, once per compile; the graph's outputs come from several regions here,
+    so each region's report is collected and the graph's is assembled at the end (None for
+    an output no region made: an input passed through)."""
+
+    def __init__(self, output: torch.fx.Node) -> None:
+        from torch._guards import TracingContext
+
+        self.output = output
+        self.context = TracingContext.try_get()
+        self.reported = None if self.context is None else self.context.output_strides
+        self.found: dict[torch.fx.Node, Any] = {}
+
+    def __enter__(self) -> _OutputStrides:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.reported is None or self.context is None:
+            return
+        self.context.output_strides = self.reported
+        if exc[0] is None:
+            outputs = torch.fx.node.map_arg(self.output.args[0], lambda n: n)
+            leaves = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+            self.reported.extend(self.found.get(alias_of(node)) for node in leaves)
+
+    @contextlib.contextmanager
+    def region(self, outputs: list[torch.fx.Node]) -> Iterator[None]:
+        if self.reported is None or self.context is None:
+            yield
+            return
+        self.context.output_strides = []
+        yield
+        self.found.update(zip(outputs, self.context.output_strides, strict=False))
+
+
+def _refs(template: Any, slots: dict[torch.fx.Node, int]) -> Any:
+    def ref(node: torch.fx.Node) -> Any:
+        value = alias_of(node)
+        return None if value is None else Ref(slots[value])
+
+    return torch.fx.map_arg(template, ref)
+
+
+def _boxed_caller(compiled: Any) -> Callable[..., Any]:
+    """``compiled`` (boxed: it takes one list) as a function of positional arguments."""
+
+    def call(*args: Any) -> Any:
+        return compiled(list(args))
+
+    return call
+
+
+def _no_cudagraphs() -> Any:
+    """A region is one piece of a graph: CUDA graphs would have to span the syncs too."""
+    from torch._inductor.utils import BoxedBool
+
+    return BoxedBool(False)
+
+
+def compile_fx_with_regions(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    table: UserObjectTable | None,
+    compile_region: Compiler | None = None,
+    on_graph: GraphHook | None = None,
+) -> Any:
+    """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler.
+
+    AOTAutograd's cache is bypassed for such graphs: a cache hit would skip the passes,
+    and with them the events they request for this graph's table.
+    """
+    import torch._functorch.config as functorch_config
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    inner = StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph)
+    name = table.graph_name if table is not None else "<graph>"
+    log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
+    with functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, inner_compile=inner)
