@@ -1,0 +1,83 @@
+"""Run by ``test_caches.py`` in a fresh process: train a stream step with ``userstreams``.
+
+Prints one JSON line: the cache counters of the run, and whether the gradients matched
+eager and every call synced its own streams. The parent runs it twice with one Inductor
+cache directory, so the second run reads what the first wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+
+import torch
+
+import torch_userstreams
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+
+
+def step(x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1:
+        y = (x * w).sin()
+    s2.wait_stream(s1)
+    with s2:
+        z = y * w + x
+    s1.wait_stream(s2)
+    return z.sum()
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def train(make_stream: Callable[[], torch.Stream], syncs_logged: bool) -> tuple[bool, bool]:
+    """Three calls with fresh inputs and streams: (gradients as eager, own streams synced)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="userstreams")
+    grads_ok, objects_ok = True, True
+    for seed in range(3):
+        generator = torch.Generator().manual_seed(seed)
+        x = torch.rand(8, generator=generator, requires_grad=True)
+        w = torch.rand(8, generator=generator, requires_grad=True)
+        s1, s2 = make_stream(), make_stream()
+        compiled(x, w, s1, s2).backward()
+        ex, ew = (t.detach().clone().requires_grad_() for t in (x, w))
+        ((ex * ew).sin() * ew + ex).sum().backward()
+        grads_ok &= torch.allclose(x.grad, ex.grad) and torch.allclose(w.grad, ew.grad)
+        if syncs_logged:
+            objects_ok &= s2.log == [("wait_stream", s1)] and s1.log == [("wait_stream", s2)]
+    return grads_ok, objects_ok
+
+
+def main() -> None:
+    from torch._dynamo.utils import counters
+
+    records = _Records()
+    logging.getLogger("torch_userstreams").addHandler(records)
+    logging.getLogger("torch_userstreams").setLevel(logging.INFO)
+    torch_userstreams.install()
+    cpu = train(lambda: SimStream(device="cpu"), syncs_logged=False)
+    with fake_accelerator():
+        accelerator = train(FakeAcceleratorStream, syncs_logged=True)
+    grads_ok, objects_ok = cpu[0] and accelerator[0], accelerator[1]
+    report = {
+        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "grads_ok": grads_ok,
+        "objects_ok": objects_ok,
+        "bypass_logged": any("bypasses AOTAutograd's cache" in m for m in records.messages),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
