@@ -62,6 +62,7 @@ def test_rows_have_the_documented_shape(run_output: tuple[list[dict[str, Any]], 
         "live_objects",
         "compile_time",
         "cuda",
+        "demo",
     }
     for row in rows:
         assert set(row) == ROW_KEYS, row["case"]

@@ -19,11 +19,16 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class SideStreamBlock(nn.Module):
-    """``x + main(x) + side(x)``, with ``side`` on its own stream, forked and joined by events."""
+    """``x + main(x) + side(x)``, with ``side`` on its own stream, forked and joined by events.
 
-    def __init__(self, dim: int, device: torch.device) -> None:
+    With ``streams=False`` it computes the same without any stream or event: the baseline
+    for what streams cost a compile.
+    """
+
+    def __init__(self, dim: int, device: torch.device, streams: bool = True) -> None:
         super().__init__()
         self.device = device
+        self.streams = streams
         self.main = nn.Linear(dim, dim, device=device)
         self.side = nn.Linear(dim, dim, device=device)
 
@@ -35,6 +40,8 @@ class SideStreamBlock(nn.Module):
         return torch.accelerator.current_stream(self.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.streams:
+            return x + torch.relu(self.main(x)) + torch.tanh(self.side(x))
         main = self._main_stream()
         side = torch.Stream(device=self.device)
         ready = torch.Event(device=self.device)
@@ -52,19 +59,23 @@ class SideStreamBlock(nn.Module):
 class DemoModel(nn.Module):
     """A stack of side-stream blocks and a linear head: a regression to one number."""
 
-    def __init__(self, dim: int, blocks: int, device: torch.device) -> None:
+    def __init__(self, dim: int, blocks: int, device: torch.device, streams: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(*(SideStreamBlock(dim, device) for _ in range(blocks)))
+        self.blocks = nn.Sequential(
+            *(SideStreamBlock(dim, device, streams) for _ in range(blocks))
+        )
         self.head = nn.Linear(dim, 1, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(x))
 
 
-def build_model(dim: int, blocks: int, device: torch.device, seed: int) -> DemoModel:
-    """The same weights for every run with the same seed."""
+def build_model(
+    dim: int, blocks: int, device: torch.device, seed: int, streams: bool = True
+) -> DemoModel:
+    """The same weights for every run with the same seed (with or without streams)."""
     torch.manual_seed(seed)
-    return DemoModel(dim, blocks, device)
+    return DemoModel(dim, blocks, device, streams)
 
 
 def make_batches(steps: int, batch: int, dim: int, device: torch.device, seed: int) -> list[Batch]:
