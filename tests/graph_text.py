@@ -16,6 +16,13 @@ import torch.fx
 from torch_userstreams.passes.annotations import records, stream_of
 
 
+class _Named:
+    """Renders as a given name (a backward input shown as the forward value it is)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _inner_sync(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
     if "control_deps" not in str(node.target):
         return None
@@ -36,15 +43,26 @@ def _aliases(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Any]:
 def _name(value: Any, alias: dict[torch.fx.Node, Any]) -> str:
     while isinstance(value, torch.fx.Node) and value in alias:
         value = alias[value]
-    if isinstance(value, torch.fx.Node):
+    if isinstance(value, (torch.fx.Node, _Named)):
         return value.name
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_name(v, alias) for v in value) + "]"
     return repr(value)
 
 
-def _replayed_forward(node: torch.fx.Node) -> bool:
-    return node.meta.get("partitioner_tag") == "is_forward"
+def output_names(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of what a forward graph returns, control_deps passthroughs looked through."""
+    alias = _aliases(gm)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    return [_name(value, alias) for value in values]
+
+
+def _saved_names(gm: torch.fx.GraphModule, forward_outputs: list[str]) -> dict[str, str]:
+    """Backward inputs named as the forward values they are: the partitioner names a saved
+    value after the node that returned it, a control_deps passthrough on torch >= 2.13."""
+    saved = [n for n in gm.graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
+    return dict(zip((n.name for n in saved), forward_outputs[-len(saved):], strict=False))
 
 
 def _target(target: Any) -> str:
@@ -54,19 +72,20 @@ def _target(target: Any) -> str:
     return text.removesuffix(".default")
 
 
-def render(gm: torch.fx.GraphModule, *, backward: bool = False) -> str:
-    """One line per node. In a backward graph, forward nodes the partitioner replays there
-    (torch 2.13 replays a user's forward sync next to a value it saves; 2.15 does not) are
-    left out, so the expectation holds on every version."""
+def render(gm: torch.fx.GraphModule, *, forward_outputs: list[str] | None = None) -> str:
+    """One line per node. For a backward graph, ``forward_outputs`` (``output_names`` of its
+    forward) names its saved inputs after the forward values they are."""
     alias = _aliases(gm)
+    renamed = _saved_names(gm, forward_outputs) if forward_outputs else {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and node.name in renamed:
+            alias[node] = _Named(renamed[node.name])
     lines = []
     for node in gm.graph.nodes:
-        if node in alias or node.op == "get_attr":
-            continue
-        if backward and node.op == "call_function" and _replayed_forward(node):
+        if (node in alias and node.op != "placeholder") or node.op == "get_attr":
             continue
         if node.op == "placeholder":
-            lines.append(f"input {node.name}")
+            lines.append(f"input {_name(node, alias)}")
             continue
         if node.op == "output":
             lines.append(f"return {_name(node.args[0], alias)}")
@@ -94,15 +113,18 @@ def capture_aot(fn: Any, *args: Any) -> tuple[list[str], list[str], Any]:
 
     forward: list[str] = []
     backward: list[str] = []
+    returned: list[str] = []
 
-    def recording(into: list[str]) -> Any:
-        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            into.append(render(gm, backward=into is backward))
-            return compile_with_streams(gm, example_inputs)
+    def record_forward(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        forward.append(render(gm))
+        returned[:] = output_names(gm)
+        return compile_with_streams(gm, example_inputs)
 
-        return compiler
+    def record_backward(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        backward.append(render(gm, forward_outputs=returned))
+        return compile_with_streams(gm, example_inputs)
 
-    backend = aot_autograd(fw_compiler=recording(forward), bw_compiler=recording(backward))
+    backend = aot_autograd(fw_compiler=record_forward, bw_compiler=record_backward)
     torch._dynamo.reset()
     out = torch.compile(fn, backend=backend)(*args)
     return forward, backward, out

@@ -93,15 +93,15 @@ return [sum_1, primals_1, primals_2, exp, detach]
 backward:
 input primals_1
 input primals_2
-input getitem
+input exp
 input detach
 input tangents_1
 expand = expand(tangents_1, [4])
 streams.record_event(2, 3)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
-mul_2 = mul.Tensor(expand, getitem)  @stream 0
+mul_2 = mul.Tensor(expand, exp)  @stream 0
 streams.record_event(7, 0)  # dealloc_syncs
-streams.sync_dealloc(7, 1, getitem)  # dealloc_syncs
+streams.sync_dealloc(7, 1, exp)  # dealloc_syncs
 mul_3 = mul.Tensor(expand, primals_2)  @stream 0
 streams.record_event(9, 0)  # dealloc_syncs
 streams.sync_dealloc(9, 3, expand)  # dealloc_syncs
@@ -173,7 +173,7 @@ return [sum_1, primals_1, primals_2, mul, cos]
 backward:
 input primals_1
 input primals_2
-input getitem
+input mul
 input cos
 input tangents_1
 expand = expand(tangents_1, [4])
@@ -183,9 +183,9 @@ mul_2 = mul.Tensor(expand, cos)  @stream 1
 mul_3 = mul.Tensor(expand, primals_2)  @stream 1
 streams.record_event(9, 1)  # dealloc_syncs
 streams.sync_dealloc(9, 4, expand)  # dealloc_syncs
-sin = sin(getitem)  @stream 1
+sin = sin(mul)  @stream 1
 streams.record_event(7, 1)  # dealloc_syncs
-streams.sync_dealloc(7, 0, getitem)  # dealloc_syncs
+streams.sync_dealloc(7, 0, mul)  # dealloc_syncs
 neg = neg(sin)  @stream 1
 mul_4 = mul.Tensor(mul_3, neg)  @stream 1
 streams.record_event(5, 1)  # backward_syncs

@@ -36,14 +36,19 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 
 
 def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
-    """The autograd nodes behind ``out`` made on this thread in sequence numbers [first, last)."""
+    """The autograd nodes behind ``out`` made on this thread in sequence numbers [first, last).
+
+    Nodes are told apart by sequence number, unique in that range: a C++ node's Python
+    object may be made anew on each access, so ``id()`` cannot tell them apart.
+    """
     seen: set[int] = set()
     todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     while todo:
         node = todo.pop()
-        if id(node) in seen or not first <= node._sequence_nr() < last:
+        number = node._sequence_nr()
+        if number in seen or not first <= number < last:
             continue
-        seen.add(id(node))
+        seen.add(number)
         yield node
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
