@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch_userstreams
 
-from . import compile_time, cuda, demo_speed, live_objects, overhead
+from . import compile_time, cuda, demo_speed, distributed, live_objects, overhead
 from .config import Config
 from .results import Row, table, write_json
 
@@ -26,6 +26,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[Config], list[Row]]], ...] = (
     ("compile_time", compile_time.run),
     ("cuda", cuda.run),
     ("demo", demo_speed.run),
+    ("distributed", distributed.run),
 )
 
 

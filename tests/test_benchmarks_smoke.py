@@ -63,6 +63,7 @@ def test_rows_have_the_documented_shape(run_output: tuple[list[dict[str, Any]], 
         "compile_time",
         "cuda",
         "demo",
+        "distributed",
     }
     for row in rows:
         assert set(row) == ROW_KEYS, row["case"]

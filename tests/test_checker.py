@@ -239,6 +239,21 @@ def write_through_view(fenced: bool) -> SafetyResult:
     return g.check(a, b)
 
 
+def collective_read_elsewhere(fenced: bool) -> SafetyResult:
+    """An all_reduce on a comm stream (1), its result read on stream 2: only after a wait."""
+    import torch.distributed._functional_collectives
+
+    functional = torch.ops._c10d_functional
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    reduced = g.op(functional.all_reduce.default, a, "sum", "group", stream=1)
+    done = g.op(functional.wait_tensor.default, reduced, stream=1)
+    if fenced:
+        g.fence(0, source=1, target=2)
+    b = g.op(aten.sin.default, done, stream=2)
+    return g.check(done, b)
+
+
 def reuse(fix: str) -> SafetyResult:
     """``a`` is allocated on stream 1, last used on stream 2; then stream 1 allocates ``c``."""
     g = Builder()
@@ -271,6 +286,15 @@ Case = Callable[[bool], SafetyResult]
 def test_hand_built_hazard(case: Case, kind: HazardKind, expected: tuple) -> None:
     assert only(case(False), kind) == expected
     fixed = case(True)
+    assert fixed, str(fixed)
+
+
+def test_a_collective_read_on_another_stream_without_a_wait_is_reported() -> None:
+    result = collective_read_elsewhere(False)
+    found = {(f.kind, f.first, f.first_stream, f.second, f.second_stream) for f in result.findings}
+    raw = HazardKind.RAW
+    assert found == {(raw, "all_reduce", 1, "sin", 2), (raw, "wait_tensor", 1, "sin", 2)}
+    fixed = collective_read_elsewhere(True)
     assert fixed, str(fixed)
 
 

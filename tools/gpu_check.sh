@@ -3,13 +3,15 @@
 #
 #     tools/gpu_check.sh OUTDIR
 #
-# Runs, each under its own time limit (about 6 minutes in all on one GPU):
+# Runs, each under its own time limit (at most 6 minutes in all on one GPU):
 #   1. the `cuda` tests (tests/test_cuda.py and every other test marked cuda that needs no
 #      expecttest), beside
-#   2. the CUDA sanitizer check (tools/cuda_sanitizer_check.py, eager baseline, --negative);
-#   then, alone on the GPU so that its timings mean something,
-#   3. the demo on CUDA with --compare-native, and
-#   4. `python -m benchmarks --quick`.
+#   2. the CUDA sanitizer check (tools/cuda_sanitizer_check.py, eager baseline, --negative),
+#      and beside them
+#   3. the distributed demo's NCCL path with one rank (torchrun);
+#   then, alone on the GPU so that their timings mean something,
+#   4. the demo on CUDA with --compare-native, and
+#   5. `python -m benchmarks --quick` (CUDA overlap and demo rows included).
 # Writes OUTDIR/summary.md (each part's result and the numbers to paste into a closing note)
 # and one log per part. The package is used from this checkout: when it is not installed,
 # its backends are registered through a temporary entry-point record (no pip, no network).
@@ -67,20 +69,23 @@ row() {  # row NAME LOG: one line of the summary table
 }
 
 CUDA_TESTS=(tests/test_cuda.py tests/test_sanitizer_check.py)
-part 200 tests.log -- "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -n 4 \
+part 170 tests.log -- "$PYTHON" -m pytest -m cuda -q -rs -p no:cacheprovider -n 4 \
   "${CUDA_TESTS[@]}" &
-part 200 sanitizer.log -- "$PYTHON" tools/cuda_sanitizer_check.py "$OUT/sanitizer.md" \
+part 170 sanitizer.log -- "$PYTHON" tools/cuda_sanitizer_check.py "$OUT/sanitizer.md" \
   --programs 8 --negative --backends userstreams inductor &
+part 170 nccl.log -- "$PYTHON" -m torch.distributed.run --nproc-per-node 1 \
+  -m torch_userstreams.demo --distributed --device cuda --steps 20 &
 wait
-part 100 demo.log -- "$PYTHON" -m torch_userstreams.demo --device cuda --compare-native \
+part 70 demo.log -- "$PYTHON" -m torch_userstreams.demo --device cuda --compare-native \
   --no-progress
-part 100 benchmarks.log -- "$PYTHON" -m benchmarks --quick --json "$OUT/benchmarks.json"
+part 110 benchmarks.log -- "$PYTHON" -m benchmarks --quick --json "$OUT/benchmarks.json"
 
 FAILED=0
 TABLE=$(
   ok=0
   row "cuda tests" tests.log || ok=1
   row "sanitizer check (eager baseline, --negative)" sanitizer.log || ok=1
+  row "distributed demo, NCCL, 1 rank" nccl.log || ok=1
   row "demo (cuda, --compare-native)" demo.log || ok=1
   row "benchmarks --quick" benchmarks.log || ok=1
   exit $ok
@@ -107,6 +112,10 @@ PY
   echo '```'
   tail -n 3 "$OUT/sanitizer.log"
   [ -f "$OUT/sanitizer.md" ] && sed -n '3,8p' "$OUT/sanitizer.md"
+  echo '```'
+  echo "## distributed demo (NCCL, 1 rank)"
+  echo '```'
+  tail -n 12 "$OUT/nccl.log"
   echo '```'
   echo "## demo"
   echo '```'

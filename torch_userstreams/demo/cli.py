@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU intra-op threads while training (default 1: the model is tiny, more threads "
         "only add noise); 0 keeps torch's setting",
     )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="under torchrun: train with DistributedDataParallel on every rank, compiled and "
+        "eager (gloo on CPU, NCCL with one GPU per rank); rank 0 prints the summary",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -82,6 +88,7 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> De
         timeline=args.timeline,
         progress=not args.no_progress,
         threads=args.threads or None,
+        distributed=args.distributed,
     )
 
 
@@ -110,6 +117,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
+        if config.distributed:
+            from .distributed import main as distributed_main
+
+            return distributed_main(config, out)
         runs = run(config, out)
     finally:
         torch.set_num_threads(threads)

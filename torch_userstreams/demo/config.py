@@ -35,6 +35,7 @@ class DemoConfig:
     # CPU intra-op threads while training. The model is tiny, so more threads only add
     # contention: on a busy 2-core machine a step then takes 100x longer, at random.
     threads: int | None = 1
+    distributed: bool = False  # under torchrun: DDP on every rank (demo/distributed.py)
 
     @property
     def parity_tolerance(self) -> float:

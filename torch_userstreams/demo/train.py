@@ -68,7 +68,7 @@ def failure_reason(exc: BaseException) -> str:
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."
 
 
-def _train(
+def train(
     model: torch.nn.Module,
     forward: Forward,
     batches: list[Batch],
@@ -101,7 +101,7 @@ def run_eager(config: DemoConfig, batches: list[Batch]) -> RunResult:
     model = build_model(config.dim, config.blocks, config.device, config.seed)
     result.live_start = live_user_objects()
     with simulated_objects(config.device):
-        _train(model, model, batches, config, result)
+        train(model, model, batches, config, result)
     result.live_end = live_user_objects()
     return result
 
@@ -125,7 +125,7 @@ def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> Run
         compiled = torch.compile(model, backend=backend)
         with collecting_tables() as tables:
             try:
-                _train(model, compiled, batches, config, result)
+                train(model, compiled, batches, config, result)
             except Exception as exc:  # reported side by side: the point of --compare-native
                 result.error = failure_reason(exc)
                 result.error_traceback = traceback.format_exc()

@@ -17,6 +17,9 @@ Rules (each is what the executors do with the graph):
   tensor argument is read, except by view ops and metadata-only ops, which touch no data.
   Without a schema (Python callables, ``call_method``/``call_module``) every tensor argument
   is read, and a method whose name ends in ``_`` writes its ``self``.
+* Collectives (``_c10d_functional``, ``c10d``): a collective reads and writes every tensor it
+  is given on its stream, its result is complete only once ``wait_tensor`` ran there, and
+  ``wait_tensor`` returns the very buffer it waited for.
 * Host-only nodes (``getitem``, lookups, symbolic-size arithmetic) issue nothing.
 """
 
@@ -37,6 +40,7 @@ StreamKey = int | str | None
 """A table index; ``None`` for the current stream when its index is unknown."""
 
 CONTROL_DEPS = "control_deps"
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d", "_c10d_functional_autograd"})
 _METADATA_ONLY = frozenset(
     {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim"}
 )
@@ -276,10 +280,11 @@ class _Reader:
             if argument.alias_info is not None
             for alias_set in argument.alias_info.before_set
         }
+        collective = op.namespace in COLLECTIVE_NAMESPACES
         writes = {
             id(b)
             for argument, value in bound
-            if argument.alias_info is not None and argument.alias_info.is_write
+            if collective or (argument.alias_info is not None and argument.alias_info.is_write)
             for b in _buffers_in(value)
         }
         is_view = any(r.alias_info is not None for r in schema.returns) and not writes
@@ -292,6 +297,8 @@ class _Reader:
             kernel = self._kernel(node)
             for buffer in dict.fromkeys(inputs):
                 kernel.accesses.append(Access(buffer, write=id(buffer) in writes))
+        if collective and op.overloadpacket.__name__ == "wait_tensor":
+            return inputs[0] if inputs else None
         outputs = [self._output(kernel, node, r, i, aliased) for i, r in enumerate(schema.returns)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
