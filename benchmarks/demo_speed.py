@@ -107,7 +107,7 @@ def speed_rows(device: torch.device, steps: int) -> list[Row]:
             target=f">= {MIN_SPEED_RATIO:g}x",
             ok=ratio >= MIN_SPEED_RATIO,
             details=details,
-        )
+        ),
     ]
 
 
@@ -169,4 +169,3 @@ def run(config: Config) -> list[Row]:
     if not was_installed:
         torch_userstreams.uninstall()
     return rows
-

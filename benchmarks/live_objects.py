@@ -7,10 +7,9 @@ the count must stay flat.
 
 from __future__ import annotations
 
-import gc
-import warnings
-
 import torch
+
+from torch_userstreams.testing.objects import live_user_objects
 
 from .config import Config
 from .modes import MODES, mode_name, patched
@@ -21,27 +20,6 @@ BENCH = "live_objects"
 SETTLE_CALLS = 3  # compile, and let any one-time objects appear before the baseline
 
 
-def _is_user_object(obj: object) -> bool:
-    return isinstance(obj, (torch.Stream, torch.Event))
-
-
-def count_live() -> int:
-    """Streams/events reachable from any gc-tracked object, counted once each by id.
-
-    Plain torch.Stream objects are not gc-tracked, so referents of tracked objects are
-    scanned too. isinstance() on some torch module proxies warns; that is noise here.
-    """
-    gc.collect()
-    seen: set[int] = set()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            if _is_user_object(obj):
-                seen.add(id(obj))
-            seen.update(id(ref) for ref in gc.get_referents(obj) if _is_user_object(ref))
-    return len(seen)
-
-
 def growth(package: bool, calls: int) -> tuple[int, int]:
     """(live before, live after) ``calls`` calls of a compiled (b), once it has settled."""
     with patched(package):
@@ -49,10 +27,10 @@ def growth(package: bool, calls: int) -> tuple[int, int]:
         x = torch.ones(4)
         for _ in range(SETTLE_CALLS):
             compiled(x)
-        before = count_live()
+        before = live_user_objects()
         for _ in range(calls):
             compiled(x)
-        after = count_live()
+        after = live_user_objects()
         del compiled
     return before, after
 

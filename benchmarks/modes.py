@@ -1,13 +1,11 @@
-"""Switch between native and package, always leaving the process unpatched."""
+"""Switch between native and package around a fresh Dynamo, leaving the install state as found."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
-import torch
-
-import torch_userstreams
+from torch_userstreams.patch.install import session
 
 from .timing import abba
 
@@ -18,19 +16,10 @@ def mode_name(package: bool) -> str:
     return "package" if package else "native"
 
 
-@contextlib.contextmanager
-def patched(package: bool) -> Iterator[None]:
-    """Fresh Dynamo, the package installed or not; uninstalled and reset again on exit."""
-    torch._dynamo.reset()
-    try:
-        if package:
-            torch_userstreams.install()
-        else:
-            torch_userstreams.uninstall()
-        yield
-    finally:
-        torch_userstreams.uninstall()
-        torch._dynamo.reset()
+def patched(package: bool) -> contextlib.AbstractContextManager[None]:
+    """Fresh Dynamo, the package installed or not; the install state restored and Dynamo
+    reset again on exit (the package's own ``session``, which the tests use too)."""
+    return session(package)
 
 
 def interleaved(repeats: int) -> Iterator[bool]:

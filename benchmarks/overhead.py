@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 import torch_userstreams
-from torch_userstreams import factories
+from torch_userstreams.compile import factories
 
 from .config import Config
 from .modes import MODES, mode_name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,9 @@ import pytest
 import torch
 
 import torch_userstreams
+
+# Every pass lints the graph it changed (passes/contract.py), in every test.
+os.environ.setdefault("TORCH_USERSTREAMS_DEBUG", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,15 +45,16 @@ def spy_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remember the binding of every compiled call, for tests that inspect its objects."""
     from helpers import LAST_BINDING
 
-    from torch_userstreams import runtime
+    from torch_userstreams.run import bound_graph
+    from torch_userstreams.run.state import state
 
-    real_runner = runtime.runner
+    real_runner = bound_graph.runner
 
-    def runner(bound: runtime.BoundGraph) -> Any:
+    def runner(bound: bound_graph.BoundGraph) -> Any:
         run = real_runner(bound)
 
         def spy(*args: Any) -> Any:
-            binding = runtime._state.calls.pending
+            binding = state.calls.pending
             out = run(*args)
             LAST_BINDING[:] = [binding]
             return out
@@ -57,4 +62,4 @@ def spy_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
         return spy
 
     LAST_BINDING.clear()
-    monkeypatch.setattr(runtime, "runner", runner)
+    monkeypatch.setattr(bound_graph, "runner", runner)

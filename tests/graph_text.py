@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from torch_userstreams.passes.annotations import records, stream_of
+from torch_userstreams.fx.meta import records, stream_of
 
 
 class _Named:
@@ -62,7 +62,7 @@ def _saved_names(gm: torch.fx.GraphModule, forward_outputs: list[str]) -> dict[s
     """Backward inputs named as the forward values they are: the partitioner names a saved
     value after the node that returned it, a control_deps passthrough on torch >= 2.13."""
     saved = [n for n in gm.graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
-    return dict(zip((n.name for n in saved), forward_outputs[-len(saved):], strict=False))
+    return dict(zip((n.name for n in saved), forward_outputs[-len(saved) :], strict=False))
 
 
 def _target(target: Any) -> str:
@@ -109,7 +109,7 @@ def capture_aot(fn: Any, *args: Any) -> tuple[list[str], list[str], Any]:
     """Compile ``fn`` with the package's aot_eager-style backend; return rendered graphs."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_userstreams.stream_executor import compile_with_streams
+    from torch_userstreams.backends.executor import compile_with_streams
 
     forward: list[str] = []
     backward: list[str] = []

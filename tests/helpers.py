@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import torch
-
-
-def live_user_objects() -> int:
-    """How many torch.Stream/torch.Event objects are alive (reachable from tracked objects).
-
-    Plain torch.Stream objects are not tracked by the gc, so count the referents of every
-    tracked object, by identity.
-    """
-    gc.collect()
-    kinds = (torch.Stream, torch.Event)
-    seen: set[int] = set()
-    for obj in gc.get_objects():
-        if issubclass(type(obj), kinds):
-            seen.add(id(obj))
-        for ref in gc.get_referents(obj):
-            if issubclass(type(ref), kinds):
-                seen.add(id(ref))
-    return len(seen)
 
 
 def run_threads(worker: Callable[[int], None], count: int) -> None:
@@ -54,8 +33,8 @@ def forget_bindings() -> None:
 
 def backward_events(binding: Any) -> list[Any]:
     """The objects a call created for its backward (AOTAutograd's sync events)."""
-    from torch_userstreams.runtime import graph_of, objects_of
-    from torch_userstreams.table import Phase
+    from torch_userstreams.compile.table import Phase
+    from torch_userstreams.run.binding import graph_of, objects_of
 
     entries = graph_of(binding).table.entries
     return [objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]

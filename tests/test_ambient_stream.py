@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torch_userstreams
-from torch_userstreams.table import EntryKind
+from torch_userstreams.compile.table import EntryKind
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
 
@@ -40,7 +40,7 @@ def test_ambient_stream_is_loaded_when_the_graph_reads_it() -> None:
     report = torch_userstreams.explain(record_on_current, torch.ones(1))
     (table,) = report.tables
     # torch >= 2.12 registers the ambient stream first (index 0); 2.11 when it is read.
-    assert sorted((e.kind.value, e.live) for e in table.entries) == [
+    assert sorted((e.kind.value, e.loaded) for e in table.entries) == [
         (EntryKind.CURRENT_STREAM.value, True),
         (EntryKind.GRAPH_CREATED.value, True),
     ]

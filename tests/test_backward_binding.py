@@ -8,13 +8,14 @@ import weakref
 
 import pytest
 import torch
-from helpers import backward_events, forget_bindings, last_binding, live_user_objects
+from helpers import backward_events, forget_bindings, last_binding
 
 import torch_userstreams
-from torch_userstreams import runtime
-from torch_userstreams.runtime import graph_of
+from torch_userstreams.compile.table import Phase
+from torch_userstreams.run import bound_graph
+from torch_userstreams.run.binding import graph_of
 from torch_userstreams.simulator import SimStream
-from torch_userstreams.table import Phase
+from torch_userstreams.testing.objects import live_user_objects
 
 pytestmark = pytest.mark.usefixtures("installed")
 BACKEND = "userstreams_aot_eager"
@@ -84,9 +85,9 @@ def test_one_function_with_a_graph_break(monkeypatch: pytest.MonkeyPatch) -> Non
     compiled = torch.compile(broken, backend=BACKEND)
     x, w = leaves(2)
     bindings: list = []  # type: ignore[type-arg]
-    spied_runner = runtime.runner
+    spied_runner = bound_graph.runner
 
-    def runner(bound: runtime.BoundGraph):  # type: ignore[no-untyped-def]
+    def runner(bound: bound_graph.BoundGraph):  # type: ignore[no-untyped-def]
         run = spied_runner(bound)
 
         def spy(*args):  # type: ignore[no-untyped-def]
@@ -96,7 +97,7 @@ def test_one_function_with_a_graph_break(monkeypatch: pytest.MonkeyPatch) -> Non
 
         return spy
 
-    monkeypatch.setattr(runtime, "runner", runner)
+    monkeypatch.setattr(bound_graph, "runner", runner)
     out = compiled(x, w)
     assert len({id(graph_of(b)) for b in bindings}) == 2, "two graphs, each with its own table"
     out.backward()
@@ -203,4 +204,4 @@ def test_explain_marks_backward_objects() -> None:
     phases = {entry.phase for entry in table.entries}
     assert phases == {Phase.FORWARD, Phase.BACKWARD}
     text = str(report)
-    assert "backward" in text and "insert_backward_syncs" in text
+    assert "backward" in text and "added by backward_syncs" in text

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.fx
 
-from torch_userstreams.passes.annotations import set_stream
+from torch_userstreams.fx.meta import set_stream
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import (
     Capture,

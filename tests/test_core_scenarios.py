@@ -7,11 +7,12 @@ import time
 import pytest
 import torch
 import torch.fx
-from helpers import live_user_objects, run_threads
+from helpers import run_threads
 from probes import insert_probe, node_of, probe, seen, stream_input_indices
 
 import torch_userstreams
 from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.testing.objects import live_user_objects
 
 
 def stream_and_event(x: torch.Tensor) -> tuple[torch.Tensor, torch.Stream, torch.Event]:

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import live_user_objects
 
-from torch_userstreams import runtime
+from torch_userstreams.compile.table import Phase
 from torch_userstreams.demo.model import build_model, make_batches
-from torch_userstreams.runtime import Binding, objects_of
-from torch_userstreams.table import Phase
+from torch_userstreams.run import backward
+from torch_userstreams.run import lookup as lookup_module
+from torch_userstreams.run.binding import Binding, graph_of, objects_of
+from torch_userstreams.testing.objects import live_user_objects
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("installed")]
 
@@ -60,7 +61,7 @@ def eager_grads(fn: Callable[..., torch.Tensor], *args: Any) -> list[torch.Tenso
 def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]]:
     """The binding each backward lookup resolved against, in order."""
     seen: list[Binding] = []
-    real = runtime._backward_binding
+    real = backward.backward_binding
 
     def spy() -> Binding | None:
         binding = real()
@@ -68,13 +69,13 @@ def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]
             seen.append(binding)
         return binding
 
-    monkeypatch.setattr(runtime, "_backward_binding", spy)
+    monkeypatch.setattr(lookup_module, "backward_binding", spy)
     yield seen
 
 
 def backward_objects(binding: Binding) -> list[int]:
     """ids of the objects a call made for its backward (the passes' events)."""
-    entries = runtime.graph_of(binding).table.entries
+    entries = graph_of(binding).table.entries
     return [id(objects_of(binding)[e.index]) for e in entries if e.phase is Phase.BACKWARD]
 
 

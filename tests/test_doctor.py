@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from torch_userstreams import patching
 from torch_userstreams.__main__ import main
-from torch_userstreams.patch_points import POINTS, minor_of
+from torch_userstreams.patch import install as patching
+from torch_userstreams.patch.points import POINTS, minor_of
 
 MINOR = minor_of(torch.__version__)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_userstreams import factories
+from torch_userstreams.compile import factories
 from torch_userstreams.simulator import SimEvent, SimStream
 
 

@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from helpers import live_user_objects
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from torch_userstreams.compile.table import Phase
 from torch_userstreams.simulator import SimStream
-from torch_userstreams.table import Phase
 from torch_userstreams.testing import (
     Capture,
     assert_stream_safe,
@@ -35,6 +34,7 @@ from torch_userstreams.testing import (
     check_stream_safety,
 )
 from torch_userstreams.testing.graph_view import Sync, read_graph
+from torch_userstreams.testing.objects import live_user_objects
 from torch_userstreams.testing.programs import Program, leaves
 from torch_userstreams.testing.strategies import programs
 

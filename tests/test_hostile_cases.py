@@ -12,14 +12,16 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from helpers import forget_bindings, live_user_objects
+from helpers import forget_bindings
 
 import torch_userstreams
-from torch_userstreams import runtime
+from torch_userstreams.compile.table import Phase
 from torch_userstreams.errors import UserObjectError
+from torch_userstreams.run import binding as bindings
+from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
-from torch_userstreams.table import Phase
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+from torch_userstreams.testing.objects import live_user_objects
 
 BACKENDS = ("userstreams_aot_eager", "userstreams", "aot_eager")
 
@@ -50,21 +52,21 @@ def eager_grads(fn: Callable[..., torch.Tensor], *args: Any) -> list[torch.Tenso
     return [t.grad for t in tensors]  # type: ignore[misc]
 
 
-def binding_on(out: torch.Tensor) -> runtime.Binding:
+def binding_on(out: torch.Tensor) -> bindings.Binding:
     """The binding the call that made ``out`` left on its autograd nodes."""
     todo = [out.grad_fn]
     while todo:
         node = todo.pop()
-        binding = getattr(node, runtime.BINDING_ATTR, None)
+        binding = getattr(node, BINDING_ATTR, None)
         if binding is not None:
             return binding  # type: ignore[no-any-return]
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
     raise AssertionError("no binding on the call's autograd nodes")
 
 
-def backward_events(binding: runtime.Binding) -> list[Any]:
-    entries = runtime.graph_of(binding).table.entries
-    return [runtime.objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]
+def backward_events(binding: bindings.Binding) -> list[Any]:
+    entries = bindings.graph_of(binding).table.entries
+    return [bindings.objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]
 
 
 # 1. A stream passed as a temporary: calls 1 and 2 raised "no longer alive when the
@@ -131,7 +133,7 @@ def _uninstall_while_a_backward_is_pending(backend: str) -> None:
     torch_userstreams.uninstall()
     b = compiled(x, *b_streams)
     a.backward()
-    own = {id(obj) for obj in runtime.objects_of(a_binding)}
+    own = {id(obj) for obj in bindings.objects_of(a_binding)}
     used = [stream for event in backward_events(a_binding) for _, stream in event.log]
     assert used and all(id(stream) in own for stream in used)
     b.backward()
@@ -166,9 +168,7 @@ def test_install_state_changes_wait_for_a_compile_in_flight(change: str) -> None
     calls = [(SimStream(device="cpu"), SimStream(device="cpu"), SimEvent(device="cpu"))]
     compiler = threading.Thread(target=lambda: compiled(torch.ones(2), *calls[0]))
     changed = threading.Event()
-    changer = threading.Thread(
-        target=lambda: (getattr(torch_userstreams, change)(), changed.set())
-    )
+    changer = threading.Thread(target=lambda: (getattr(torch_userstreams, change)(), changed.set()))
     compiler.start()
     assert compiling.wait(10)
     changer.start()
@@ -183,6 +183,45 @@ def test_install_state_changes_wait_for_a_compile_in_flight(change: str) -> None
         # ("wait", s2) from event.wait(s2); torch 2.11's native op calls s2.wait_event(event),
         # which the simulator logs on the event as ("waited_by", s2).
         assert [stream for _, stream in done.log] == [s1, s2], "each call syncs its own streams"
+
+
+class StallingEvent(SimEvent):
+    """Records only once the test lets it: holds a compiled call in flight."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
+        StallingEvent.entered.set()
+        assert StallingEvent.release.wait(10)
+        super().record(stream)
+
+
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "aot_eager"])
+def test_uninstall_lets_a_call_on_another_thread_finish_first(backend: str) -> None:
+    torch_userstreams.install()
+    compiled = torch.compile(record_and_wait, backend=backend)
+    warm = (SimStream(device="cpu"), SimStream(device="cpu"), SimEvent(device="cpu"))
+    compiled(torch.ones(2), *warm)  # compiled while installed
+    s1, s2, done = SimStream(device="cpu"), SimStream(device="cpu"), StallingEvent(device="cpu")
+    StallingEvent.entered.clear()
+    StallingEvent.release.clear()
+    results: list[torch.Tensor] = []
+    caller = threading.Thread(target=lambda: results.append(compiled(torch.ones(2), s1, s2, done)))
+    uninstalled = threading.Event()
+    uninstaller = threading.Thread(
+        target=lambda: (torch_userstreams.uninstall(), uninstalled.set())
+    )
+    caller.start()
+    assert StallingEvent.entered.wait(10)
+    uninstaller.start()
+    assert not uninstalled.wait(0.3), "uninstall() returned while a compiled call was running"
+    StallingEvent.release.set()
+    caller.join()
+    uninstaller.join()
+    assert uninstalled.is_set()
+    torch.testing.assert_close(results[0], torch.full((2,), 4.0))
+    assert [stream for _, stream in done.log] == [s1, s2], "the call synced its own streams"
 
 
 # 5. A stream annotation leaked by a failed trace (`with s1: with s2: with s1:`) annotated
@@ -211,11 +250,13 @@ def test_a_leaked_stream_annotation_is_dropped(backend: str) -> None:
 
 
 def test_an_annotation_naming_no_stream_of_the_graph_is_rejected() -> None:
-    from torch_userstreams.passes.annotations import check_streams, set_stream
-    from torch_userstreams.table import EntryKind, UserObjectTable
+    from torch_userstreams.compile.hook import check_streams
+    from torch_userstreams.compile.table import EntryKind, UserObjectTable
+    from torch_userstreams.fx.meta import set_stream
 
     table = UserObjectTable("g")
-    table.add(EntryKind.GRAPH_CREATED, "an event", lambda cg: None, torch.Event(device="cpu"))
+    event = torch.Event(device="cpu")
+    table.add(EntryKind.GRAPH_CREATED, "an event", lambda cg: None, event, added_by="test")
     graph = torch.fx.Graph()
     node = graph.call_function(torch.sin, (graph.placeholder("x"),))
     for index, what in ((0, "graph-created"), (3, "nothing")):

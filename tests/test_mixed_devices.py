@@ -7,21 +7,18 @@ its streams say ``cuda:0`` while the tensors stay on the CPU.
 
 from __future__ import annotations
 
-import types
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_userstreams import registration
+from torch_userstreams.compile.graph_compile import GraphCompile
+from torch_userstreams.compile.table import EntryKind, Phase
 from torch_userstreams.errors import UnsupportedPathError
-from torch_userstreams.passes.annotations import set_stream
-from torch_userstreams.passes.backward_syncs import insert_backward_syncs
-from torch_userstreams.passes.dealloc_syncs import sync_deallocations
+from torch_userstreams.fx.meta import set_stream
+from torch_userstreams.fx.ops import is_sync_op
+from torch_userstreams.passes import backward_syncs, dealloc_syncs
 from torch_userstreams.simulator import SimStream
-from torch_userstreams.table import EntryKind, Phase, UserObjectTable
 from torch_userstreams.testing import capture
 from torch_userstreams.testing.fake_accelerator import (
     DEVICE,
@@ -60,14 +57,15 @@ CPU_STREAM, ACCELERATOR_STREAM = 0, 1
 
 
 @pytest.fixture
-def table() -> Iterator[UserObjectTable]:
-    """A compile in progress whose table has a CPU stream (0) and an accelerator stream (1)."""
-    graph = types.SimpleNamespace()
-    with registration.compiling(graph):
-        table = registration.table_of(graph)
-        table.add(EntryKind.INPUT, "cpu_stream", lambda cg: None, SimStream(device="cpu"))
-        table.add(EntryKind.INPUT, "side", lambda cg: None, FakeAcceleratorStream())
-        yield table
+def compile_() -> GraphCompile:
+    """A graph's compile whose table has a CPU stream (0) and an accelerator stream (1)."""
+    compile_ = GraphCompile()
+    for origin, stream in (
+        ("cpu_stream", SimStream(device="cpu")),
+        ("side", FakeAcceleratorStream()),
+    ):
+        compile_.table.add(EntryKind.INPUT, origin, lambda cg: None, stream, added_by="test")
+    return compile_
 
 
 def _backward_graph(value: torch.Tensor, producer_stream: int | None, consumer_stream: int | None):  # type: ignore[no-untyped-def]
@@ -88,40 +86,43 @@ def _backward_graph(value: torch.Tensor, producer_stream: int | None, consumer_s
 
 
 def _syncs(gm: torch.fx.GraphModule) -> list[str]:
-    return [
-        str(n.target) for n in gm.graph.nodes if getattr(n.target, "namespace", "") == "streams"
-    ]
+    return [str(n.target) for n in gm.graph.nodes if is_sync_op(n.target)]
 
 
-@pytest.mark.usefixtures("table")
-def test_host_ordered_work_needs_no_sync_between_cpu_and_accelerator_streams() -> None:
+def test_host_ordered_work_needs_no_sync_between_cpu_and_accelerator_streams(
+    compile_: GraphCompile,
+) -> None:
     """A CPU tensor made inside an accelerator stream, read by CPU code: the host ran both
     in program order, so no event is made (none could be recorded on the one and waited
     on by the other)."""
     gm = _backward_graph(torch.ones(2), ACCELERATOR_STREAM, None)
-    assert not insert_backward_syncs(gm)
-    assert not sync_deallocations(gm)
+    assert not backward_syncs.PASS.run(gm, compile_)
+    assert not dealloc_syncs.PASS.run(gm, compile_)
     assert _syncs(gm) == []
 
 
-def test_accelerator_streams_sync_with_events_of_their_device(table: UserObjectTable) -> None:
+def test_accelerator_streams_sync_with_events_of_their_device(compile_: GraphCompile) -> None:
     gm = _backward_graph(torch.ones(2), ACCELERATOR_STREAM, None)
-    side_2 = table.add(EntryKind.INPUT, "side_2", lambda cg: None, FakeAcceleratorStream())
+    table = compile_.table
+    side_2 = table.add(
+        EntryKind.INPUT, "side_2", lambda cg: None, FakeAcceleratorStream(), added_by="test"
+    )
     for node in gm.graph.nodes:
         if node.target is ops.aten.cos.default:
             set_stream(node, side_2)
     with fake_accelerator():
-        assert insert_backward_syncs(gm)
+        assert backward_syncs.PASS.run(gm, compile_)
     events = [e for e in table.entries if e.kind is EntryKind.REQUESTED]
     assert [e.device for e in events] == [DEVICE]
 
 
-@pytest.mark.usefixtures("table")
-def test_accelerator_tensor_across_a_cpu_stream_is_rejected_naming_both_devices() -> None:
+def test_accelerator_tensor_across_a_cpu_stream_is_rejected_naming_both_devices(
+    compile_: GraphCompile,
+) -> None:
     with FakeTensorMode():
         on_accelerator = torch.empty(2, device=DEVICE)
     gm = _backward_graph(on_accelerator, CPU_STREAM, ACCELERATOR_STREAM)
     with pytest.raises(UnsupportedPathError) as info:
-        insert_backward_syncs(gm)
+        backward_syncs.PASS.run(gm, compile_)
     message = str(info.value)
     assert "cuda:0" in message and "cpu" in message and "torch.Stream(device='cuda:0')" in message

@@ -13,7 +13,7 @@ import pytest
 import torch
 from graph_text import capture_aot
 from helpers import backward_events, last_binding
-from programs import PROGRAMS, WRAPS_SYNCS, clone, eager_reference, inputs, supported
+from pass_programs import PROGRAMS, WRAPS_SYNCS, clone, eager_reference, inputs, supported
 
 import torch_userstreams
 

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import operator
-import types
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch._functorch._aot_autograd.streams
 import torch.fx
 
-from torch_userstreams import registration
-from torch_userstreams.passes.annotations import records, set_stream, stream_of
-from torch_userstreams.passes.backward_syncs import insert_backward_syncs
-from torch_userstreams.passes.dealloc_syncs import sync_deallocations
-from torch_userstreams.passes.grad_accumulation import assign_accumulation_streams
-from torch_userstreams.passes.inherit_streams import inherit_streams
-from torch_userstreams.passes.sync_ordering import wrap_sync_nodes
+from torch_userstreams.compile.graph_compile import GraphCompile
+from torch_userstreams.compile.table import EntryKind, Phase
+from torch_userstreams.fx.meta import records, set_stream, stream_of
+from torch_userstreams.passes import (
+    backward_syncs,
+    dealloc_syncs,
+    grad_accumulation,
+    inherit_streams,
+    sync_ordering,
+)
+from torch_userstreams.passes.contract import GraphPass, PassContractError, run_passes
 from torch_userstreams.simulator import SimStream
-from torch_userstreams.table import EntryKind, Phase, UserObjectTable
 
 ops = torch.ops
 VAL = torch.ones(2)
@@ -29,15 +30,20 @@ STREAMS = 3  # the graphs below use streams 0, 1 and 2
 
 
 @pytest.fixture
-def table() -> Iterator[UserObjectTable]:
-    """Run the pass as if a backend were compiling a graph: requests land in its table,
-    which starts with three CPU streams (indices 0-2)."""
-    graph = types.SimpleNamespace()
-    with registration.compiling(graph):
-        table = registration.table_of(graph)
-        for i in range(STREAMS):
-            table.add(EntryKind.INPUT, f"s{i}", lambda cg: None, SimStream(device="cpu"))
-        yield table
+def compile_() -> GraphCompile:
+    """A graph's compile whose table starts with three CPU streams (indices 0-2): the passes'
+    requests land there."""
+    compile_ = GraphCompile()
+    for i in range(STREAMS):
+        compile_.table.add(
+            EntryKind.INPUT, f"s{i}", lambda cg: None, SimStream(device="cpu"), added_by="test"
+        )
+    return compile_
+
+
+def run(graph_pass: GraphPass, gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    """One pass on its own: its notes (empty when it changed nothing)."""
+    return graph_pass.run(gm, compile_)
 
 
 def node(
@@ -74,11 +80,11 @@ def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
     other = node(graph, ops.aten.neg.default, (bwd,), seq_nr=8)
     graph.output(other)
     gm = module(graph)
-    assert inherit_streams(gm)
+    assert run(inherit_streams.PASS, gm, GraphCompile())
     gm.graph.lint()
     assert (stream_of(bwd), stream_of(other)) == (2, None)
     assert [r.pass_name for r in records(bwd)] == ["inherit_streams"]
-    assert not inherit_streams(gm), "idempotent"
+    assert not run(inherit_streams.PASS, gm, GraphCompile()), "idempotent"
 
 
 def test_accumulation_follows_its_user_then_its_inputs() -> None:
@@ -91,14 +97,14 @@ def test_accumulation_follows_its_user_then_its_inputs() -> None:
     to_output = node(graph, ops.aten.add.Tensor, (g2, g1), is_gradient_acc=True)
     graph.output((user, to_output))
     gm = module(graph)
-    assert assign_accumulation_streams(gm)
+    assert run(grad_accumulation.PASS, gm, GraphCompile())
     gm.graph.lint()
     assert stream_of(to_user) == 3, "rule 1: the stream of its user"
     assert stream_of(to_output) == 2, "rule 2: its first gradient input with a stream"
 
 
 def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
-    table: UserObjectTable,
+    compile_: GraphCompile,
 ) -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -109,18 +115,19 @@ def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
     same = node(graph, ops.aten.abs.default, (producer,), stream=0)
     graph.output((on_1a, on_1b, on_2, same))
     gm = module(graph)
-    assert insert_backward_syncs(gm)
+    assert run(backward_syncs.PASS, gm, compile_)
     gm.graph.lint()
     (record,) = syncs(gm, ops.streams.record_event.default)
     waits = syncs(gm, ops.streams.wait_event.default)
     assert record.prev is producer and record.args[1] == 0
     assert [(w.next, w.args[1]) for w in waits] == [(on_1a, 1), (on_2, 2)]
     assert {w.args[0] for w in waits} == {record.args[0]}
-    assert [e.phase for e in table.entries[STREAMS:]] == [Phase.BACKWARD]
+    assert [e.phase for e in compile_.table.entries[STREAMS:]] == [Phase.BACKWARD]
+    assert [e.added_by for e in compile_.table.entries[STREAMS:]] == ["backward_syncs"]
 
 
 def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
-    table: UserObjectTable,
+    compile_: GraphCompile,
 ) -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -128,14 +135,13 @@ def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
     consumer = node(graph, ops.aten.cos.default, (producer,), stream=0)
     graph.output(consumer)
     gm = module(graph)
-    insert_backward_syncs(gm)
+    run(backward_syncs.PASS, gm, compile_)
     (record,) = syncs(gm, ops.streams.record_event.default)
-    current = table.entries[record.args[1]]
-    assert current.origin == "current stream of cpu"
+    current = compile_.table.entries[record.args[1]]
+    assert current.origin == "current stream of cpu" and current.always_loaded
 
 
-@pytest.mark.usefixtures("table")
-def test_dealloc_sync_after_the_last_use_on_another_stream() -> None:
+def test_dealloc_sync_after_the_last_use_on_another_stream(compile_: GraphCompile) -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     made = node(graph, ops.aten.sin.default, (x,), stream=0)
@@ -143,14 +149,14 @@ def test_dealloc_sync_after_the_last_use_on_another_stream() -> None:
     last_use = node(graph, ops.aten.neg.default, (made,), stream=1)
     graph.output((first_use, last_use))
     gm = module(graph)
-    assert sync_deallocations(gm)
+    assert run(dealloc_syncs.PASS, gm, compile_)
     gm.graph.lint()
     record = last_use.next
     dealloc = record.next
     assert record.target is ops.streams.record_event.default and record.args[1] == 1
     assert dealloc.target is ops.streams.sync_dealloc.default
     assert dealloc.args == (record.args[0], 0, made)
-    assert not sync_deallocations(module(_same_stream_graph())), "same stream: nothing"
+    assert not run(dealloc_syncs.PASS, module(_same_stream_graph()), compile_), "same stream"
 
 
 def _same_stream_graph() -> torch.fx.Graph:
@@ -176,9 +182,24 @@ def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
     later = node(graph, ops.aten.neg.default, (bwd,), stream=0)
     graph.output((fwd, later))
     gm = module(graph)
-    assert wrap_sync_nodes(gm)
+    assert run(sync_ordering.WRAP, gm, GraphCompile())
     gm.graph.lint()
     (control,) = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
     assert list(control.args[0]) == [bwd], "depends on backward work only"
     assert control.meta["partitioner_tag"] == "must_be_in_backward"
     assert any(u.target is operator.getitem for u in control.users)
+
+
+def test_a_pass_run_before_what_it_requires_fails_naming_both() -> None:
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    gm = module(graph)
+    with pytest.raises(PassContractError, match=r"backward_syncs requires .*accumulations placed"):
+        run_passes(gm, [backward_syncs.PASS], GraphCompile())
+    compile_ = GraphCompile()
+    run_passes(gm, [inherit_streams.PASS, grad_accumulation.PASS, backward_syncs.PASS], compile_)
+    assert [r.pass_name for r in compile_.passes] == [
+        "inherit_streams",
+        "grad_accumulation",
+        "backward_syncs",
+    ]

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import torch_userstreams
-from torch_userstreams import patching
 from torch_userstreams.errors import PatchPointError, UnsupportedTorchError
-from torch_userstreams.patch_points import POINTS, minor_of
+from torch_userstreams.patch import install as patching
+from torch_userstreams.patch.points import POINTS, minor_of
 
 GOLDEN = Path(__file__).parent / "golden" / "signatures.json"
 MINOR = minor_of(torch.__version__)

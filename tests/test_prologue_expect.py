@@ -116,14 +116,14 @@ prologue:
 
     def test_current_stream_requested_by_backend(self) -> None:
         def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-            torch_userstreams.current_stream("cpu")
+            torch_userstreams.current_stream("cpu", added_by="test backend")
             return gm
 
         self.assertExpectedInline(
             report(lambda x: x + 1, torch.ones(1), backend=backend),
             """\
 user objects of graph <lambda> [n/n]: 1
-  [0] current-stream forward  SimStream    current stream of cpu  (added by test_prologue_expect.backend)
+  [0] current-stream forward  SimStream    current stream of cpu  (added by test backend)
 prologue:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
@@ -136,14 +136,14 @@ prologue:
 
     def test_event_requested_by_backend(self) -> None:
         def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-            torch_userstreams.new_event(device="cpu", enable_timing=True)
+            torch_userstreams.new_event(device="cpu", enable_timing=True, added_by="test backend")
             return gm
 
         self.assertExpectedInline(
             report(lambda x: x + 1, torch.ones(1), backend=backend),
             """\
 user objects of graph <lambda> [n/n]: 1
-  [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test_prologue_expect.backend)
+  [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test backend)
 prologue:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
@@ -167,8 +167,8 @@ prologue:
             """\
 def forward(self, L_x_ : torch.Tensor):
     l_x_ = L_x_
-    lookup = torch_userstreams_runtime_lookup(0);  lookup = None
-    lookup_1 = torch_userstreams_runtime_lookup(1);  lookup_1 = None
+    lookup = torch_userstreams_run_lookup_lookup(0);  lookup = None
+    lookup_1 = torch_userstreams_run_lookup_lookup(1);  lookup_1 = None
     record_event = torch.ops.streams.record_event(0, 1);  record_event = None
     add = l_x_ + 1;  l_x_ = None
     return (add,)""",

@@ -10,7 +10,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_userstreams
-from torch_userstreams import stream_ops
+from torch_userstreams.fx.ops import native_op
+from torch_userstreams.patch import fakes
+from torch_userstreams.run.own_ops import no_effect_fake, sync_op
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import capture
 from torch_userstreams.testing.graph_view import Sync, read_graph
@@ -26,40 +28,42 @@ EMITTED = (
 )
 
 
-def _fake_args(name: str, tensor: torch.Tensor) -> tuple[object, ...]:
-    return tuple(tensor if a == "tensor" else a for a in stream_ops.PROBE_ARGS[name])
-
-
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("name", EMITTED)
 def test_every_emitted_sync_op_runs_under_fake_tensor_mode(name: str) -> None:
-    op = stream_ops.sync_op(name)
+    op = sync_op(name)
     with FakeTensorMode():
-        assert op(*_fake_args(name, torch.empty(3))) is None
+        assert op(*fakes.probe_args(name, torch.empty(3))) is None
 
 
 @pytest.mark.usefixtures("installed")
 def test_every_native_streams_op_has_a_working_fake_while_installed() -> None:
-    present = [name for name in stream_ops.PROBE_ARGS if stream_ops.native_op(name) is not None]
+    present = {name: native_op(name) for name in fakes.PROBE_ARGS}
+    present = {name: op for name, op in present.items() if op is not None}
     assert {"record_event", "wait_event", "sync_dealloc"} <= set(present)
-    assert [name for name in present if not stream_ops.fake_works(name)] == []
+    assert [name for name, op in present.items() if not fakes.fake_works(op, name)] == []
 
 
 def test_install_supplies_fakes_only_where_native_fails_and_uninstall_restores_them() -> None:
-    stream_ops.native_op("record_event")  # defines the ops
+    native_op("record_event")  # defines the ops
     from torch._library.custom_ops import OPDEFS
 
-    names = [name for name in stream_ops.PROBE_ARGS if f"streams::{name}" in OPDEFS]
+    names = [name for name in fakes.PROBE_ARGS if f"streams::{name}" in OPDEFS]
     opdefs = {name: OPDEFS[f"streams::{name}"] for name in names}
+
+    def broken() -> set[str]:
+        return {name for name in opdefs if not fakes.fake_works(native_op(name), name)}
+
     before = {name: vars(opdef)["_abstract_fn"] for name, opdef in opdefs.items()}
-    broken = {name for name in opdefs if not stream_ops.fake_works(name)}
+    broken_natively = broken()
     torch_userstreams.install()
     for name, opdef in opdefs.items():
-        ours = vars(opdef)["_abstract_fn"] is stream_ops.no_effect_fake
-        assert ours == (name in broken), name
+        ours = vars(opdef)["_abstract_fn"] is no_effect_fake
+        assert ours == (name in broken_natively), name
+    assert broken() == set()
     torch_userstreams.uninstall()
     assert {name: vars(opdef)["_abstract_fn"] for name, opdef in opdefs.items()} == before
-    assert {name for name in opdefs if not stream_ops.fake_works(name)} == broken
+    assert broken() == broken_natively
 
 
 def _stream_wait_stream(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from torch_userstreams import patching
-from torch_userstreams.patch_points import POINTS, minor_of
+from torch_userstreams.patch import install as patching
+from torch_userstreams.patch.points import POINTS, minor_of
 
 DEFAULT = Path(__file__).resolve().parents[1] / "tests" / "golden" / "signatures.json"
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     if minor not in POINTS:
         print(
             f"torch {torch.__version__}: no patch points for {minor}; add them to "
-            "torch_userstreams/patch_points.py first",
+            "torch_userstreams/patch/points.py first",
             file=sys.stderr,
         )
         return 1

@@ -6,9 +6,6 @@ does. See README.md.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 from .api import current_stream, lookup, new_event, new_stream
 from .errors import (
     NotCompilingError,
@@ -19,7 +16,7 @@ from .errors import (
     UserStreamsError,
 )
 from .explain import explain
-from .patching import install, is_installed, uninstall
+from .patch.install import install, installed, is_installed, uninstall
 
 __version__ = "0.1.0"
 
@@ -40,15 +37,3 @@ __all__ = [
     "new_stream",
     "uninstall",
 ]
-
-
-@contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """Install for the duration of the block; leave it as it was found afterwards."""
-    was_installed = is_installed()
-    install()
-    try:
-        yield
-    finally:
-        if not was_installed:
-            uninstall()

@@ -3,69 +3,65 @@
 Each function adds an entry to the table of the graph whose backend is running and returns
 its index. Put the index into the graph (``torch_userstreams.lookup(index)`` as an FX node
 target, or the ``streams::*`` ops): at run time it resolves to *that call's* object, built
-by the prologue with exactly the device and flags asked for here.
+by the prologue with exactly the device and flags asked for here. ``added_by`` names the
+requester in ``explain()`` (default: "backend"); ``phase`` says which graph reads it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from . import emitters, factories, provenance
-from .registration import compiling_table, current_table
-from .runtime import lookup
-from .table import EntryKind, Phase, UserObjectTable
+from .compile import factories, graph_compile
+from .compile.graph_compile import GraphCompile
+from .compile.table import Phase
+from .run.lookup import lookup
 
 __all__ = ["current_stream", "lookup", "new_event", "new_stream"]
 
 DeviceLike = factories.DeviceLike
+BACKEND = "backend"
 
 
-def _phase(phase: Phase | str | None, inferred: Phase) -> Phase:
-    return inferred if phase is None else Phase(phase)
+def _call_text(name: str, given: dict[str, Any]) -> str:
+    shown = {k: str(v) if hasattr(v, "type") else v for k, v in given.items() if v is not None}
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 
-def _add_requested(
-    table: UserObjectTable,
-    cls: type,
-    kwargs: dict[str, Any],
-    origin: str,
-    phase: Phase | str | None,
+def request_stream(
+    compile_: GraphCompile, device: DeviceLike, priority: int, *, added_by: str, phase: Phase
 ) -> int:
-    factory = factories.constructor(cls, (), kwargs)
-    example = factory()
-    added_by, inferred = provenance.caller()
-    return table.add(
-        EntryKind.REQUESTED,
-        origin,
-        emitters.from_factory(factory),
-        example,
-        added_by=added_by,
-        phase=_phase(phase, inferred),
+    """A stream for ``compile_``'s graph, made fresh on each call."""
+    resolved = factories.resolve_device(device)
+    text = _call_text("torch.Stream", {"device": device, "priority": priority or None})
+    return compile_.new_stream(
+        resolved, priority=priority, added_by=added_by, phase=phase, text=text
     )
 
 
-def _kwargs(**given: Any) -> dict[str, Any]:
-    return {key: value for key, value in given.items() if value is not None}
-
-
-def _call_text(name: str, kwargs: dict[str, Any]) -> str:
-    def shown(value: Any) -> str:
-        return repr(str(value) if isinstance(value, torch.device) else value)
-
-    return f"{name}({', '.join(f'{k}={shown(v)}' for k, v in kwargs.items())})"
+def request_event(
+    compile_: GraphCompile,
+    device: DeviceLike,
+    flags: dict[str, bool],
+    *,
+    added_by: str,
+    phase: Phase,
+) -> int:
+    """An event for ``compile_``'s graph, made fresh on each call."""
+    resolved = factories.resolve_device(device)
+    text = _call_text("torch.Event", {"device": device, **{k: v or None for k, v in flags.items()}})
+    return compile_.new_event(resolved, flags=flags, added_by=added_by, phase=phase, text=text)
 
 
 def new_stream(
-    device: DeviceLike = None, priority: int = 0, *, phase: Phase | str | None = None
+    device: DeviceLike = None,
+    priority: int = 0,
+    *,
+    phase: Phase | str = Phase.FORWARD,
+    added_by: str = BACKEND,
 ) -> int:
     """Request a stream, created fresh on each call of the graph being compiled."""
-    table = compiling_table("new_stream")
-    resolved = factories.resolve_device(device)
-    kwargs = _kwargs(device=resolved, priority=priority or None)
-    text = _call_text("torch.Stream", _kwargs(device=device, priority=priority or None))
-    return _add_requested(table, factories.stream_class(resolved), kwargs, text, phase)
+    compile_ = graph_compile.active("new_stream")
+    return request_stream(compile_, device, priority, added_by=added_by, phase=Phase(phase))
 
 
 def new_event(
@@ -74,47 +70,16 @@ def new_event(
     enable_timing: bool = False,
     blocking: bool = False,
     interprocess: bool = False,
-    phase: Phase | str | None = None,
+    phase: Phase | str = Phase.FORWARD,
+    added_by: str = BACKEND,
 ) -> int:
     """Request an event, created fresh on each call of the graph being compiled."""
-    table = compiling_table("new_event")
-    resolved = factories.resolve_device(device)
-    flags = _kwargs(
-        enable_timing=enable_timing or None,
-        blocking=blocking or None,
-        interprocess=interprocess or None,
-    )
-    text = _call_text("torch.Event", _kwargs(device=device, **flags))
-    kwargs = {"device": resolved, **flags}
-    return _add_requested(table, factories.event_class(resolved), kwargs, text, phase)
+    compile_ = graph_compile.active("new_event")
+    flags = {"enable_timing": enable_timing, "blocking": blocking, "interprocess": interprocess}
+    return request_event(compile_, device, flags, added_by=added_by, phase=Phase(phase))
 
 
-def current_stream_entry(table: UserObjectTable, device: torch.device, added_by: str) -> int:
-    """The entry for ``device``'s ambient stream, added once per graph and always loaded."""
-    origin = f"current stream of {device}"
-    entry = table.find(EntryKind.CURRENT_STREAM, origin)
-    if entry is not None:
-        entry.requested = True
-        return entry.index
-    if device.type == "cpu":
-        # CPU has no stream switching: its current stream is the default CPU stream.
-        factory = factories.constructor(factories.stream_class(device), (), {"device": device})
-        emit, example = emitters.from_factory(factory), factory()
-    else:
-        emit, example = emitters.current_stream(device), torch.accelerator.current_stream(device)
-    index = table.add(EntryKind.CURRENT_STREAM, origin, emit, example, added_by=added_by)
-    table.entries[index].requested = True
-    return index
-
-
-def current_stream(device: DeviceLike = None) -> int:
+def current_stream(device: DeviceLike = None, *, added_by: str = BACKEND) -> int:
     """Request the ambient current stream of ``device`` as it is at each call."""
-    table = compiling_table("current_stream")
-    added_by, _ = provenance.caller()
-    return current_stream_entry(table, factories.resolve_device(device), added_by)
-
-
-def native_get_current_stream(device: torch.device) -> int:
-    """Replacement for Dynamo's ``get_current_stream``: no new entry per call of it."""
-    added_by, _ = provenance.caller()
-    return current_stream_entry(current_table(), factories.resolve_device(device), added_by)
+    compile_ = graph_compile.active("current_stream")
+    return compile_.current_stream(factories.resolve_device(device), added_by=added_by)

@@ -14,9 +14,9 @@ from typing import TextIO
 
 import torch
 
-from . import patching
 from .errors import PatchPointError, UnsupportedTorchError
-from .patch_points import POINTS, SUPPORTED_MINORS, SUPPORTED_RANGE, PatchPoint, minor_of
+from .patch import install as patching
+from .patch.points import POINTS, SUPPORTED_MINORS, SUPPORTED_RANGE, PatchPoint, minor_of
 
 _REASON = re.compile(r"is missing or changed: (.*)\. Supported torch:", re.S)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .table import UserObjectTable
+from .compile.table import UserObjectTable
 
 
 @dataclass
@@ -39,8 +39,8 @@ def explain(
     """
     import torch
 
-    from . import installed
-    from .registration import collecting_tables
+    from .compile.graph_compile import collecting_tables
+    from .patch.install import installed
 
     with installed(), collecting_tables() as tables:
         result = torch.compile(fresh_copy(fn), backend=backend)(*args, **kwargs)

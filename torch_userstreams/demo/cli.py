@@ -11,7 +11,7 @@ from typing import TextIO
 
 import torch
 
-from .. import patching
+from ..patch import install as patching
 from . import report
 from .config import BACKENDS, DemoConfig, resolve_device
 from .model import make_batches

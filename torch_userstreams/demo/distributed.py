@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import patching
+from ..patch.install import session
+from ..testing.objects import live_user_objects
 from .config import DemoConfig
 from .model import build_model, make_batches, simulated_objects
-from .objects import live_user_objects
 from .report import grad_diff, loss_diff
 from .train import RunResult, failure_reason, train
 
@@ -85,20 +85,14 @@ def train_rank(rank: int, world_size: int, config: DemoConfig) -> RankReport:
         train(ddp, ddp, batches, config, eager)
     compiled = RunResult(f"compiled DDP ({config.backend})", compiled=True)
     graphs: list[int] = []
-    was_installed = patching.is_installed()
-    patching.install()
-    torch._dynamo.reset()
-    try:
-        ddp = _ddp(config, device)
-        forward = torch.compile(ddp, backend=_counting(config.backend, graphs))
-        train(ddp, forward, batches, config, compiled)
-        compiled.live_end = live_user_objects()
-    except Exception as exc:  # reported, like the single-process demo's failures
-        compiled.error = failure_reason(exc)
-    finally:
-        torch._dynamo.reset()
-        if not was_installed:
-            patching.uninstall()
+    with session(package=True):
+        try:
+            ddp = _ddp(config, device)
+            forward = torch.compile(ddp, backend=_counting(config.backend, graphs))
+            train(ddp, forward, batches, config, compiled)
+            compiled.live_end = live_user_objects()
+        except Exception as exc:  # reported, like the single-process demo's failures
+            compiled.error = failure_reason(exc)
     growth = None
     if compiled.live_after_first is not None and compiled.error is None:
         growth = compiled.live_end - compiled.live_after_first

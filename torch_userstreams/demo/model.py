@@ -61,9 +61,7 @@ class DemoModel(nn.Module):
 
     def __init__(self, dim: int, blocks: int, device: torch.device, streams: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(
-            *(SideStreamBlock(dim, device, streams) for _ in range(blocks))
-        )
+        self.blocks = nn.Sequential(*(SideStreamBlock(dim, device, streams) for _ in range(blocks)))
         self.head = nn.Linear(dim, 1, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -146,8 +146,8 @@ def header(config: DemoConfig) -> str:
 
 
 LIVE_NOTE = (
-    "live streams+events: every torch.Stream/torch.Event alive in the process (gc scan, as in "
-    "tests/helpers.py).\n'step 1' includes the objects of the call just made and those the "
+    "live streams+events: every torch.Stream/torch.Event alive in the process (a gc scan)."
+    "\n'step 1' includes the objects of the call just made and those the "
     "compiled graph keeps from compiling; growth after step 1 is what piles up per call;\n"
     "a run's start includes whatever the runs before it left alive."
 )

@@ -10,20 +10,17 @@ event's record to its waits.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .. import installed
-from ..passes.annotations import stream_of
-from ..registration import collecting_tables
-from ..runtime import lookup
-from ..stream_executor import compile_with_streams
-from ..stream_ops import is_sync_op, op_name
-from ..table import EntryKind, UserObjectTable
+from ..compile.table import EntryKind, UserObjectTable
+from ..fx.control_deps import sync_of
+from ..fx.meta import stream_of
+from ..fx.ops import is_lookup, op_name
+from ..testing.capture import capture
 from .config import DemoConfig
 from .model import build_model, make_batches
 from .timeline import KERNEL, RECORD, SYNC, WAIT, Arrow, Box, Section, Timeline
@@ -35,64 +32,28 @@ _LANE_KINDS = {EntryKind.CURRENT_STREAM: "current stream", EntryKind.INPUT: "inp
 
 def capture_step(config: DemoConfig) -> tuple[Graphs, list[UserObjectTable]]:
     """The forward and backward graphs of one compiled training step, and their tables."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch import config as functorch_config
-
-    forward: list[torch.fx.GraphModule] = []
-    backward: list[torch.fx.GraphModule] = []
-
-    def recording(into: list[torch.fx.GraphModule]) -> Callable[..., Any]:
-        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            into.append(gm)
-            return compile_with_streams(gm, example_inputs)
-
-        return compiler
-
-    backend = aot_autograd(fw_compiler=recording(forward), bw_compiler=recording(backward))
     model = build_model(config.dim, config.blocks, config.device, config.seed)
     x, y = make_batches(1, config.batch, config.dim, config.device, config.seed)[0]
-    torch._dynamo.reset()
     try:
-        # A cache hit would skip the compilers, and so the recording.
-        with (
-            installed(),
-            functorch_config.patch(enable_autograd_cache=False),
-            collecting_tables() as tables,
-        ):
-            F.mse_loss(torch.compile(model, backend=backend)(x), y).backward()
+        captured = capture(lambda x: F.mse_loss(model(x), y), x)
     finally:
         torch._dynamo.reset()
-    graphs = [(f"forward {i}", gm) for i, gm in enumerate(forward)]
-    graphs += [(f"backward {i}", gm) for i, gm in enumerate(backward)]
-    return graphs, list(tables)
-
-
-def _streams_op(node: torch.fx.Node) -> tuple[str, tuple] | None:
-    if is_sync_op(node.target):
-        return op_name(node.target), node.args
-    return None
+    return captured.graphs, captured.tables
 
 
 def _sync_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, tuple] | None:
-    """(op name, args) of the ``streams::*`` op ``node`` issues, directly or via control_deps.
-
-    Dynamo wraps a sync that orders other work in ``control_deps(deps, subgraph, ...)``: the
-    op itself is the one ``streams::*`` node of the subgraph module.
-    """
-    if getattr(node.target, "_name", None) != "control_deps":
-        return _streams_op(node)
-    subgraph = node.args[1]
-    module = (
-        getattr(gm, str(subgraph.target), None) if isinstance(subgraph, torch.fx.Node) else None
-    )
-    if not isinstance(module, torch.fx.GraphModule):
-        return None
-    return next(filter(None, map(_streams_op, module.graph.nodes)), None)
+    """(op name, args) of the sync op ``node`` issues, directly or via control_deps."""
+    sync = sync_of(gm, node)
+    return None if sync is None else (op_name(sync.op), sync.args)
 
 
 def _issues_work(node: torch.fx.Node) -> bool:
     """False for what runs on the host only: getitem, the package's lookups, non-calls."""
-    return node.op == "call_function" and node.target not in (operator.getitem, lookup)
+    return (
+        node.op == "call_function"
+        and node.target is not operator.getitem
+        and not is_lookup(node.target)
+    )
 
 
 def _op_label(node: torch.fx.Node) -> str:

@@ -13,7 +13,6 @@ KERNEL = "kernel"
 RECORD = "record"
 WAIT = "wait"
 SYNC = "sync"
-KINDS = (KERNEL, RECORD, WAIT, SYNC)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import installed
+from ..patch.install import installed
 from .config import DemoConfig
 from .model import build_model, make_batches
 from .timeline import KERNEL, RECORD, WAIT, Box, Section, Timeline

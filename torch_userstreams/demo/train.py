@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .. import patching
-from ..registration import collecting_tables
-from ..table import UserObjectTable
+from ..compile.graph_compile import collecting_tables
+from ..compile.table import UserObjectTable
+from ..patch.install import session
+from ..testing.objects import live_user_objects
 from .config import DemoConfig
 from .model import Batch, build_model, simulated_objects
-from .objects import live_user_objects
 from .progress import ProgressBar
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -107,19 +107,12 @@ def run_eager(config: DemoConfig, batches: list[Batch]) -> RunResult:
 
 
 def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> RunResult:
-    """``torch.compile`` with the package's backend, or natively with the package uninstalled.
-
-    Leaves Dynamo reset and the package uninstalled; the caller restores what it wants.
-    """
+    """``torch.compile`` with the package's backend, or natively with the package uninstalled;
+    the install state is restored and Dynamo reset afterwards."""
     backend = config.backend if package else config.native_backend
     kind = "package" if package else "native"
     result = RunResult(f"{kind} ({backend})", compiled=True)
-    torch._dynamo.reset()
-    if package:
-        patching.install()
-    else:
-        patching.uninstall()
-    try:
+    with session(package):
         model = build_model(config.dim, config.blocks, config.device, config.seed)
         result.live_start = live_user_objects()
         compiled = torch.compile(model, backend=backend)
@@ -132,7 +125,4 @@ def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> Run
         result.tables = list(tables)
         result.live_end = live_user_objects()
         del compiled
-    finally:
-        torch._dynamo.reset()
-        patching.uninstall()
     return result

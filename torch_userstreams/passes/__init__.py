@@ -1,48 +1,64 @@
-"""The package's own backward stream passes, device-agnostic (no accelerator, no triton).
+"""The package's joint-graph passes, device-agnostic (no accelerator, no triton).
 
-``patching`` installs the three entry points below in place of AOTAutograd's passes of the
-same names (``_aot_autograd/streams.py``), which AOTAutograd calls on the joint graph. Each
-rule lives in its own module; see their docstrings.
+``patch`` installs the entry points below in place of AOTAutograd's functions of the same
+names (``_aot_autograd/streams.py``), which AOTAutograd calls on the joint graph, in this
+order. Each rule lives in its own module, as a ``GraphPass`` that states what it requires
+and ensures (``contract``); the entry points run them on the compile whose backend runs.
+
+    assign_backward_streams   inherit_streams, grad_accumulation
+    insert_backward_syncs     backward_syncs
+    sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
+    wrap_all_sync_nodes_...   sync_ordering (torch >= 2.13; forward-only graphs too)
 """
 
 from __future__ import annotations
 
 import torch.fx
 
-from .backward_syncs import insert_backward_syncs as _insert_syncs
-from .dealloc_syncs import sync_deallocations as _sync_deallocations
-from .grad_accumulation import assign_accumulation_streams
-from .inherit_streams import inherit_streams
-from .sync_ordering import pin_syncs_to_their_phase, wrap_sync_nodes
+from ..compile import graph_compile
+from ..fx.meta import is_backward, stream_of
+from ..fx.ops import is_sync_op
+from . import backward_syncs, dealloc_syncs, grad_accumulation, inherit_streams, sync_ordering
+from .contract import GraphPass, ensure, run_passes
 
 
 def _has_streams(gm: torch.fx.GraphModule) -> bool:
-    from .annotations import stream_of
-
     return any(stream_of(node) is not None for node in gm.graph.nodes)
+
+
+def _has_syncs(gm: torch.fx.GraphModule) -> bool:
+    return any(is_sync_op(node.target) for node in gm.graph.nodes)
+
+
+def _run(gm: torch.fx.GraphModule, passes: tuple[GraphPass, ...], needed: bool) -> None:
+    """Run ``passes`` on the graph's compile when ``needed``; otherwise their facts hold
+    vacuously (AOTAutograd also compiles graphs outside Dynamo, with nothing to do here)."""
+    if needed:
+        run_passes(gm, passes, graph_compile.active_or_none())
+    else:
+        ensure(gm, *(fact for p in passes for fact in p.ensures))
 
 
 def assign_backward_streams(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's pass: inherit forward streams, then place accumulations."""
-    if _has_streams(gm):
-        inherit_streams(gm)
-        assign_accumulation_streams(gm)
+    _run(gm, (inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
 
 
 def insert_backward_syncs(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's pass (which skips CPU values)."""
-    if _has_streams(gm):
-        _insert_syncs(gm)
+    _run(gm, (backward_syncs.PASS,), _has_streams(gm))
 
 
 def sync_deallocations(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's pass (which needs triton and GPU bandwidth estimates); the
-    last of the joint-graph passes on every torch, so it also pins syncs to their phase."""
-    if _has_streams(gm):
-        _sync_deallocations(gm)
-    pin_syncs_to_their_phase(gm)
+    """Replaces AOTAutograd's pass (which needs triton and GPU bandwidth estimates)."""
+    _run(gm, (dealloc_syncs.PASS,), _has_streams(gm))
+    _run(gm, (sync_ordering.PIN,), _has_syncs(gm))
 
 
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies."""
-    wrap_sync_nodes(gm)
+    """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies.
+
+    On a forward-only graph none of the passes above ran: none adds a sync there."""
+    if not any(is_backward(node) for node in gm.graph.nodes):
+        ensure(gm, "syncs complete")
+    _run(gm, (sync_ordering.WRAP,), _has_syncs(gm))

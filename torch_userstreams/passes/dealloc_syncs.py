@@ -25,19 +25,13 @@ import torch
 import torch.fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .. import api
-from ..table import Phase
-from .annotations import (
-    event_device,
-    is_backward,
-    mark_phase,
-    record,
-    stream_index,
-    stream_of,
-)
-from .backward_syncs import is_sync
+from ..compile.graph_compile import GraphCompile
+from ..fx.meta import is_backward, mark_phase, record, stream_of
+from ..fx.ops import is_sync_op
+from .contract import GraphPass
+from .devices import event_device, new_event, stream_index
 
-PASS_NAME = "dealloc_syncs"
+NAME = "dealloc_syncs"
 
 
 def _dies_in_backward(node: torch.fx.Node) -> bool:
@@ -63,42 +57,57 @@ def _crosses_streams(node: torch.fx.Node) -> bool:
     return any(stream_of(user) != stream_of(node) for user in node.users)
 
 
-def sync_deallocations(gm: torch.fx.GraphModule) -> bool:
-    """Returns whether any dealloc sync was inserted."""
+def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     graph = gm.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
-    changed = False
+    notes: list[str] = []
     for node in list(graph.nodes):
-        if node.op != "call_function" or is_sync(node):
+        if node.op != "call_function" or is_sync_op(node.target):
             continue
         if not isinstance(node.meta.get("val"), torch.Tensor):
             continue
         if not is_backward(node) and _dies_in_backward(node) and _crosses_streams(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
         for last in _last_use_on_other_streams(node, order):
-            device = event_device(node, last, node)
+            device = event_device(node, last, node, compile_)
             if device is not None:
-                _insert_dealloc_sync(graph, node, last, device)
-                changed = True
-    return changed
+                notes += _insert_dealloc_sync(graph, node, last, device, compile_)
+    return notes
 
 
 def _insert_dealloc_sync(
-    graph: torch.fx.Graph, node: torch.fx.Node, last: torch.fx.Node, device: torch.device
-) -> None:
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    last: torch.fx.Node,
+    device: torch.device,
+    compile_: GraphCompile,
+) -> list[str]:
     backward = is_backward(last)
-    event = api.new_event(device, phase=Phase.BACKWARD if backward else Phase.FORWARD)
+    event = new_event(compile_, device, added_by=NAME, backward=backward)
     with graph.inserting_after(last):
         recorded = graph.call_function(
-            torch.ops.streams.record_event.default, (event, stream_index(last))
+            torch.ops.streams.record_event.default,
+            (event, stream_index(last, compile_, NAME)),
         )
     with graph.inserting_after(recorded):
         waited = graph.call_function(
-            torch.ops.streams.sync_dealloc.default, (event, stream_index(node), node)
+            torch.ops.streams.sync_dealloc.default,
+            (event, stream_index(node, compile_, NAME), node),
         )
+    notes = []
     for added, note in (
         (recorded, f"after the last use of {node.name} on its stream ({last.name})"),
         (waited, f"{node.name}'s stream waits before reusing its memory"),
     ):
         mark_phase(added, backward)
-        record(added, PASS_NAME, note)
+        notes.append(f"{record(added, NAME, note).note} [{added.name}]")
+    return notes
+
+
+PASS = GraphPass(
+    NAME,
+    run,
+    requires=frozenset({"backward reads synced"}),
+    ensures=frozenset({"deallocations synced", "syncs complete"}),
+    needs_compile=True,
+)

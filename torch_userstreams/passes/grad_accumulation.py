@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch.fx
 
-from .annotations import is_gradient_accumulation, record, set_stream, stream_of
+from ..compile.graph_compile import GraphCompile
+from ..fx.meta import is_gradient_accumulation, record, set_stream, stream_of
+from .contract import GraphPass
 
-PASS_NAME = "grad_accumulation"
+NAME = "grad_accumulation"
 
 
 def _chosen_stream(node: torch.fx.Node) -> tuple[int, str] | None:
@@ -30,9 +32,9 @@ def _chosen_stream(node: torch.fx.Node) -> tuple[int, str] | None:
     return None
 
 
-def assign_accumulation_streams(gm: torch.fx.GraphModule) -> bool:
-    """Returns whether any node changed. Runs in reverse so users are decided first."""
-    changed = False
+def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    """Runs in reverse so users are decided first."""
+    notes = []
     for node in reversed(list(gm.graph.nodes)):
         if not is_gradient_accumulation(node) or stream_of(node) is not None:
             continue
@@ -40,6 +42,14 @@ def assign_accumulation_streams(gm: torch.fx.GraphModule) -> bool:
         if chosen is not None:
             index, why = chosen
             set_stream(node, index)
-            record(node, PASS_NAME, f"accumulates on stream {index}, the stream of {why}")
-            changed = True
-    return changed
+            note = record(node, NAME, f"accumulates on stream {index}, the stream of {why}")
+            notes.append(f"{note.note} [{node.name}]")
+    return notes
+
+
+PASS = GraphPass(
+    NAME,
+    run,
+    requires=frozenset({"backward streams inherited"}),
+    ensures=frozenset({"accumulations placed"}),
+)

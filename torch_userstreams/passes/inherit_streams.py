@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import torch.fx
 
-from .annotations import is_backward, record, set_stream, stream_of
+from ..compile.graph_compile import GraphCompile
+from ..fx.meta import SEQ_NR, is_backward, record, set_stream, stream_of
+from .contract import GraphPass
 
-PASS_NAME = "inherit_streams"
+NAME = "inherit_streams"
 
 
-def inherit_streams(gm: torch.fx.GraphModule) -> bool:
-    """Returns whether any node changed."""
+def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     forward_stream: dict[int, int] = {}
     for node in gm.graph.nodes:
-        seq_nr = node.meta.get("seq_nr")
+        seq_nr = node.meta.get(SEQ_NR)
         index = stream_of(node)
         if not is_backward(node) and seq_nr is not None and index is not None:
             forward_stream.setdefault(seq_nr, index)
-    changed = False
+    notes = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or not is_backward(node) or stream_of(node) is not None:
             continue
-        index = forward_stream.get(node.meta.get("seq_nr", -1))
+        index = forward_stream.get(node.meta.get(SEQ_NR, -1))
         if index is not None:
             set_stream(node, index)
-            record(node, PASS_NAME, f"runs on stream {index} like its forward node")
-            changed = True
-    return changed
+            note = record(node, NAME, f"runs on stream {index} like its forward node")
+            notes.append(f"{note.note} [{node.name}]")
+    return notes
+
+
+PASS = GraphPass(NAME, run, ensures=frozenset({"backward streams inherited"}))

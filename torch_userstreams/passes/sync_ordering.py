@@ -8,6 +8,10 @@ backward sync ends up depending on forward values and the partitioner rejects th
 buckets per phase, so a sync depends only on earlier work of its own phase. ``record_event``
 and ``wait_event`` depend on their stream's work (and the unannotated current stream's); a
 wait also depends on its record; any other sync is a barrier over all streams of its phase.
+A sync that carries its tensor (``sync_dealloc``, ``record_stream``) is ordered by it and
+not wrapped.
+
+Before that, ``pin_syncs`` tags every sync with its phase (``fx.meta.mark_phase``).
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..stream_ops import is_sync_op
-from .annotations import is_backward, mark_phase, stream_of
+from ..compile.graph_compile import GraphCompile
+from ..fx.meta import PARTITIONER_TAG, is_backward, mark_phase, stream_of
+from ..fx.ops import is_sync_op, op_name
+from .contract import GraphPass
 
-PASS_NAME = "sync_ordering"
+NAME = "sync_ordering"
+PIN_NAME = "pin_syncs"
 Buckets = dict[int | None, list[torch.fx.Node]]
+_CARRY_THEIR_TENSOR = frozenset({"sync_dealloc", "record_stream"})
 
 
-def _sync_ops() -> tuple[object, ...]:
-    from torch._functorch._aot_autograd import streams
-
-    return tuple(getattr(streams, "_SYNC_OPS", ()))
+def _orders_nothing_by_data(node: torch.fx.Node) -> bool:
+    return is_sync_op(node.target) and op_name(node.target) not in _CARRY_THEIR_TENSOR
 
 
 def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Node]) -> list:
@@ -49,44 +55,42 @@ def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Nod
 def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
     """The partitioner must keep a wrapped sync (and what re-exports it) in its own graph."""
     for node in (control, *control.all_input_nodes, *control.users):
-        if node.op in ("get_attr", "call_function") and node.meta.get("partitioner_tag") is None:
+        if node.op in ("get_attr", "call_function") and node.meta.get(PARTITIONER_TAG) is None:
             mark_phase(node, backward)
     mark_phase(control, backward)
 
 
-def pin_syncs_to_their_phase(gm: torch.fx.GraphModule) -> bool:
-    """Tag every sync of the joint graph with its phase (see ``mark_forward``). Returns
-    whether any tag changed."""
-    changed = False
+def pin_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    """Tag every sync of the joint graph with its phase."""
+    notes = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and is_sync_op(node.target):
-            before = node.meta.get("partitioner_tag")
+            before = node.meta.get(PARTITIONER_TAG)
             mark_phase(node, is_backward(node))
-            changed |= node.meta["partitioner_tag"] != before
-    return changed
+            if node.meta[PARTITIONER_TAG] != before:
+                notes.append(f"kept in the {node.meta[PARTITIONER_TAG]} graph [{node.name}]")
+    return notes
 
 
-def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
-    """Returns whether any sync was wrapped."""
+def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     from torch._functorch._aot_autograd.streams import _wrap_sync_node
 
-    sync_ops = _sync_ops()
     phases: dict[bool, Buckets] = {False: {}, True: {}}
     records: dict[int, torch.fx.Node] = {}
     visited: set[torch.fx.Node] = set()
-    wrapped = False
+    notes = []
     node = next(iter(gm.graph.nodes))
     while node.op != "root":
         following = node.next
         visited.add(node)
-        if node.op == "call_function" and node.target in sync_ops:
+        if node.op == "call_function" and _orders_nothing_by_data(node):
             backward = is_backward(node)
             deps = _deps(node, phases[backward], records)
             recorded = node
             if deps:
                 recorded = _wrap_sync_node(gm, node, deps, visited)[0]
                 _keep_in_phase(recorded, backward)
-                wrapped = True
+                notes.append(f"{node.name} after {len(deps)} node(s) [{recorded.name}]")
             if node.target is torch.ops.streams.record_event.default:
                 # A wait depends on its record, wrapped or not (a record with no earlier
                 # work on its stream stays a plain node).
@@ -94,6 +98,20 @@ def wrap_sync_nodes(gm: torch.fx.GraphModule) -> bool:
         elif node.op == "call_function" and "val" in node.meta:
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following
-    if wrapped:
+    if notes:
         gm.recompile()
-    return wrapped
+    return notes
+
+
+PIN = GraphPass(
+    PIN_NAME,
+    pin_syncs,
+    requires=frozenset({"syncs complete"}),
+    ensures=frozenset({"syncs pinned"}),
+)
+WRAP = GraphPass(
+    NAME,
+    wrap_syncs,
+    requires=frozenset({"syncs complete"}),
+    ensures=frozenset({"syncs ordered"}),
+)

@@ -5,7 +5,7 @@ when an output requires grad, and keeps every forward and backward graph exactly
 backend's compilers receive them:
 
 * ``userstreams_aot_eager``: the modules AOTAutograd hands to the forward/backward
-  compilers, which then run them with ``stream_executor.compile_with_streams`` (the
+  compilers, which then run them with ``backends.executor.compile_with_streams`` (the
   package's backend, with recording compilers);
 * ``userstreams``: the modules Inductor's ``compile_fx`` hands to its inner compiler (the
   package's ``StreamRegionsCompiler``), before it strips or splits them. Graphs without
@@ -26,13 +26,13 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from .. import installed, registration
+from ..compile import graph_compile
+from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
-from ..table import EntryKind, UserObjectTable
+from ..patch.install import installed
 from .checker import CURRENT_STREAMS_META
 
 SUPPORTED_BACKENDS = ("userstreams_aot_eager", "userstreams")
-_CURRENT_PREFIX = "current stream of "
 
 
 @dataclass
@@ -57,15 +57,6 @@ class Capture:
         ]
 
 
-def current_streams(table: UserObjectTable) -> dict[str, int]:
-    """{device: index} of the table's current-stream entries (origin "current stream of D")."""
-    return {
-        entry.origin.removeprefix(_CURRENT_PREFIX): entry.index
-        for entry in table.entries
-        if entry.kind is EntryKind.CURRENT_STREAM and entry.origin.startswith(_CURRENT_PREFIX)
-    }
-
-
 def _recording(
     into: list[torch.fx.GraphModule], table: UserObjectTable | None, compiler: Callable[..., Any]
 ) -> Callable[..., Any]:
@@ -73,7 +64,7 @@ def _recording(
 
     def compile_and_record(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if table is not None:
-            gm.meta[CURRENT_STREAMS_META] = current_streams(table)
+            gm.meta[CURRENT_STREAMS_META] = table.current_streams()
         into.append(gm)
         return compiler(gm, example_inputs, **kwargs)
 
@@ -83,7 +74,7 @@ def _recording(
 def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
 
-    from ..stream_executor import compile_with_streams
+    from ..backends.executor import compile_with_streams
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         table = _table_of_graph("userstreams_aot_eager")
@@ -97,29 +88,29 @@ def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
 
 
 def _inductor_backend(result: Capture) -> Callable[..., Any]:
-    from ..backends import userstreams
+    from ..backends import userstreams_backend
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         table = _table_of_graph("userstreams")
 
         def on_graph(graph: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
             into = result.backward if kwargs.get("is_backward", False) else result.forward
-            if table is not None:
-                graph.meta[CURRENT_STREAMS_META] = current_streams(table)
+            graph.meta[CURRENT_STREAMS_META] = table.current_streams()
             into.append(graph)
 
-        return userstreams(gm, example_inputs, on_graph=on_graph)
+        return userstreams_backend(gm, example_inputs, on_graph=on_graph)
 
     return backend
 
 
-def _table_of_graph(backend: str) -> UserObjectTable | None:
-    if not registration.is_compiling_with_package():
+def _table_of_graph(backend: str) -> UserObjectTable:
+    compile_ = graph_compile.active_or_none()
+    if compile_ is None:
         raise UnsupportedPathError(
             f"torch_userstreams.testing.capture: backend {backend!r} got a graph traced "
             "without the package installed; call torch._dynamo.reset() and capture again."
         )
-    return registration.table_if_compiling()
+    return compile_.table
 
 
 @contextlib.contextmanager
@@ -154,10 +145,10 @@ def capture(
             f"torch_userstreams.testing.capture supports the backends {SUPPORTED_BACKENDS}, "
             f"not {backend!r}: it records the graphs those hand to their compilers."
         )
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # not after: ``compiled`` stays callable without a recompile
     result = Capture()
     result.compiled = torch.compile(fn, backend=makers[backend](result))
-    with installed(), _no_compile_caches(), registration.collecting_tables() as tables:
+    with installed(), _no_compile_caches(), graph_compile.collecting_tables() as tables:
         result.result = result.compiled(*args, **kwargs)
         _run_backward(result.result)
     result.tables = list(tables)

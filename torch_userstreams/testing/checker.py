@@ -19,7 +19,7 @@ import torch.fx
 
 from .graph_view import GraphView, StreamKey, Sync, read_graph
 from .happens_before import HappensBefore
-from .hazards import Finding, HazardKind, StreamName, data_races, memory_reuse
+from .hazards import Finding, StreamName, data_races, memory_reuse
 
 CURRENT_STREAMS_META = "torch_userstreams.current_streams"
 
@@ -33,9 +33,6 @@ class SafetyResult:
 
     def __bool__(self) -> bool:
         return not self.findings
-
-    def of_kind(self, *kinds: HazardKind) -> list[Finding]:
-        return [finding for finding in self.findings if finding.kind in kinds]
 
     def __str__(self) -> str:
         if not self.findings:

@@ -50,7 +50,7 @@ def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
     import torch._dynamo.guards
     import torch._dynamo.utils
 
-    from .. import factories
+    from ..compile import factories
 
     ambient = FakeAcceleratorStream()
 

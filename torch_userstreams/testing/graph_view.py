@@ -33,13 +33,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..passes.annotations import device_of, stream_of
-from ..stream_ops import is_sync_op, op_name
+from ..fx.control_deps import is_control_deps, sync_of
+from ..fx.meta import device_of, stream_of
+from ..fx.ops import is_sync_op, op_name
 
 StreamKey = int | str | None
 """A table index; ``None`` for the current stream when its index is unknown."""
 
-CONTROL_DEPS = "control_deps"
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d", "_c10d_functional_autograd"})
 _METADATA_ONLY = frozenset(
     {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "dim"}
@@ -111,10 +111,6 @@ class GraphView:
     steps: list[Step]
     buffers: list[Buffer]
     release: dict[Buffer, int]  # position of the last node referencing the buffer
-
-
-def is_control_deps(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and getattr(node.target, "_name", None) == CONTROL_DEPS
 
 
 def _buffers_in(value: Any) -> Iterator[Buffer]:
@@ -215,18 +211,10 @@ class _Reader:
         self.steps.append(Sync(node, self.position, op, tuple(args)))
 
     def _control_deps(self, node: torch.fx.Node) -> Any:
-        passthrough = [self.value(arg) for arg in node.args[2:]]
-        subgraph = self._attr(node.args[1]) if isinstance(node.args[1], torch.fx.Node) else None
-        if isinstance(subgraph, torch.fx.GraphModule):
-            inner: dict[torch.fx.Node, Any] = {}
-            placeholders = iter(passthrough)
-            for inner_node in subgraph.graph.nodes:
-                if inner_node.op == "placeholder":
-                    inner[inner_node] = next(placeholders, None)
-                elif inner_node.op == "call_function" and is_sync_op(inner_node.target):
-                    args = torch.fx.map_arg(inner_node.args, lambda n: inner.get(n))
-                    self._sync(node, inner_node.target, tuple(args))
-        return (None, *passthrough)
+        sync = sync_of(self.gm, node)
+        if sync is not None:
+            self._sync(node, sync.op, self.value(sync.args))
+        return (None, *(self.value(arg) for arg in node.args[2:]))
 
     # -- kernels ----------------------------------------------------------------------
 

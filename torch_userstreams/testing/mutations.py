@@ -13,7 +13,8 @@ from typing import Any
 
 import torch.fx
 
-from .graph_view import Sync, is_control_deps, read_graph
+from ..fx.control_deps import is_control_deps
+from .graph_view import Sync, read_graph
 
 
 def syncs(gm: torch.fx.GraphModule, op: Any = None) -> list[Sync]:

@@ -74,7 +74,7 @@ class NewEvent:
 
 
 @dataclass(frozen=True)
-class Sync:
+class UserSync:
     """One sync call, as written by a user (``form`` is its Python spelling)."""
 
     form: str  # "record", "record_current", "wait", "wait_event", "wait_stream", ...
@@ -120,7 +120,7 @@ class GraphBreak:
         yield "torch._dynamo.graph_break()"
 
 
-Statement = Op | InPlace | NewEvent | Sync | With | Pass | GraphBreak
+Statement = Op | InPlace | NewEvent | UserSync | With | Pass | GraphBreak
 
 
 @dataclass(frozen=True)

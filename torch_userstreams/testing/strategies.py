@@ -41,7 +41,7 @@ from .programs import (
     Op,
     Program,
     Statement,
-    Sync,
+    UserSync,
     With,
 )
 
@@ -101,25 +101,25 @@ class _Builder:
         form = self.draw(st.sampled_from(forms))
         event = self.fresh("e")
         if form == "wait_stream":
-            out.append(Sync("wait_stream", (target, source)))
+            out.append(UserSync("wait_stream", (target, source)))
             self.clocks.wait_stream(target, source)
             return
         if form == "synchronize_stream":
-            out.append(Sync("synchronize_stream", (source,)))
+            out.append(UserSync("synchronize_stream", (source,)))
             self.clocks.synchronize_stream(source)
             return
         out.append(NewEvent(event))
         if form == "record_in_with":
-            out.append(With(source, (Sync("record_current", (event,)),)))
+            out.append(With(source, (UserSync("record_current", (event,)),)))
         else:
-            out.append(Sync("record", (event, source)))
+            out.append(UserSync("record", (event, source)))
         self.clocks.record(event, source)
         if form == "synchronize_event":
-            out.append(Sync("synchronize_event", (event,)))
+            out.append(UserSync("synchronize_event", (event,)))
             self.clocks.synchronize_event(event)
             return
         spelling = "wait_event" if form == "wait_event" else "wait"
-        out.append(Sync(spelling, (event, target)))
+        out.append(UserSync(spelling, (event, target)))
         self.clocks.wait_event(event, target)
 
     def order(self, out: list[Statement], value: _Value, stream: Hashable, write: bool) -> None:

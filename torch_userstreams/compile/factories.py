@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .simulator import SimEvent, SimStream
+from ..simulator import SimEvent, SimStream
 
 DeviceLike = torch.device | str | int | None
 

@@ -6,9 +6,9 @@ while compiling are in it. Shape::
     __userstreams_thread.calls.pending = (__userstreams_graph, <object 0>, <object 1>, ...)
 
 where ``__userstreams_graph`` is the graph's ``BoundGraph`` and ``__userstreams_thread`` the
-runtime's thread-local state. The tuple is the call's binding; no Python frame runs but the
-factories of graph-created objects, and the graph call right after takes the binding from
-``pending``. A graph whose table is empty gets no prologue at all.
+run-time layer's thread-local state (``run.state``). The tuple is the call's binding; no
+Python frame runs but the factories of graph-created objects, and the graph call right
+after takes the binding from ``pending``. A graph whose table is empty gets no prologue at all.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import emitters, runtime
-from .stream_ops import is_sync_op
+from ..fx.meta import stream_of
+from ..fx.ops import is_lookup, is_sync_op
+from ..run.bound_graph import BoundGraph
+from ..run.state import state
+from . import emitters
 from .table import EntryKind, UserObjectTable
 
 GRAPH_GLOBAL = "__userstreams_graph"
@@ -28,34 +31,29 @@ def _int_args(node: Any) -> list[int]:
     return [a for a in node.args if type(a) is int]
 
 
-def referenced_indices(graph: Any, lookup_targets: tuple[Any, ...]) -> set[int]:
-    """Table indices an FX graph reads: lookup nodes, ``streams::*`` ops, stream annotations."""
+def referenced_indices(graph: Any) -> set[int]:
+    """Table indices an FX graph reads: lookup nodes, sync ops, stream annotations."""
     used: set[int] = set()
     for node in graph.nodes:
-        custom = node.meta.get("custom")
-        if isinstance(custom, dict) and type(custom.get("stream")) is int:
-            used.add(custom["stream"])
-        if node.op != "call_function":
-            continue
-        target = node.target
-        if any(target is t for t in lookup_targets):
-            used.update(_int_args(node))
-        elif is_sync_op(target):
+        stream = stream_of(node)
+        if stream is not None:
+            used.add(stream)
+        if node.op == "call_function" and (is_lookup(node.target) or is_sync_op(node.target)):
             used.update(_int_args(node))
     return used
 
 
-def mark_live(table: UserObjectTable, graph: Any, lookup_targets: tuple[Any, ...]) -> None:
-    """Skip the ambient current stream Dynamo registers for every frame unless it is read."""
+def mark_loaded(table: UserObjectTable, graph: Any) -> None:
+    """The ambient current stream Dynamo registers for every frame is loaded only if read."""
     used: set[int] | None = None
     for entry in table.entries:
-        if entry.kind is EntryKind.CURRENT_STREAM and not entry.requested:
+        if entry.kind is EntryKind.CURRENT_STREAM and not entry.always_loaded:
             if used is None:
-                used = referenced_indices(graph, lookup_targets)
-            entry.live = entry.index in used
+                used = referenced_indices(graph)
+            entry.loaded = entry.index in used
 
 
-def build(output_graph: Any, table: UserObjectTable, bound: runtime.BoundGraph) -> list[Any]:
+def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:
     """The prologue instructions for ``table``, leaving the call's binding for ``bound``."""
     from torch._dynamo.bytecode_transformation import create_instruction
     from torch._dynamo.codegen import PyCodegen
@@ -67,9 +65,9 @@ def build(output_graph: Any, table: UserObjectTable, bound: runtime.BoundGraph) 
 
     load_global(GRAPH_GLOBAL, bound)
     for entry in table.entries:
-        (entry.emit if entry.live else emitters.placeholder)(cg)
+        (entry.emit if entry.loaded else emitters.placeholder)(cg)
     cg.append_output(create_instruction("BUILD_TUPLE", arg=len(table.entries) + 1))
-    load_global(THREAD_GLOBAL, runtime.thread_state())
+    load_global(THREAD_GLOBAL, state)
     cg.append_output(cg.create_load_attr("calls"))
     cg.append_output(cg.create_store_attr("pending"))
     return list(cg.get_instructions())

@@ -27,18 +27,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from .issue_syncs import issuer
-from .plan import Program, Ref, Step
-from .regions import (
-    Region,
-    SyncStep,
-    alias_of,
-    has_stream_work,
-    region_module,
-    split,
-    without_streams,
-)
-from .table import UserObjectTable
+from ..compile.table import UserObjectTable
+from ..fx.control_deps import SyncCall, alias_of
+from ..run.issue_syncs import issuer
+from ..run.plan import Program, Ref, Step
+from .regions import Region, has_stream_work, region_module, split, without_streams
 
 log = logging.getLogger("torch_userstreams")
 
@@ -88,7 +81,7 @@ class StreamRegionsCompiler:
         steps: list[Step] = []
         with _OutputStrides(output) as strides:
             for step in split(gm):
-                if isinstance(step, SyncStep):
+                if isinstance(step, SyncCall):
                     steps.append(Step(issuer(step.op), _refs(step.args, slots)))
                     continue
                 compiled = self._region_step(gm, step, slots, static, kwargs, strides)

@@ -2,7 +2,7 @@
 
 ``split(gm)`` turns a forward or backward graph into steps, in an order the host can issue:
 
-* a ``SyncStep`` for each sync op (plain, or wrapped in ``control_deps``); syncs are
+* a ``SyncCall`` for each sync op (plain, or wrapped in ``control_deps``); syncs are
   boundaries, nothing moves across one;
 * ``Region``s of compute nodes that share a stream. Between two syncs, a node joins the
   latest region of its stream when everything it reads is made by then; otherwise it opens
@@ -14,10 +14,9 @@
 ``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
 outside it, its outputs the values used outside it.
 
-A ``control_deps(deps, subgraph, *operands)`` node issues the sync op of its subgraph and
-passes its operands through; it only exists to stop a compiler from moving work across the
-sync, which splitting already guarantees. ``getitem(control_deps, i)`` is read as the
-operand it passes through (``alias_of``).
+A ``control_deps`` wrapper (``fx.control_deps``) only exists to stop a compiler from moving
+work across its sync, which splitting already guarantees: it is read as the sync it issues,
+and its passthroughs as the values they pass through.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from .passes.annotations import stream_of
-from .stream_ops import is_sync_op
-
-CONTROL_DEPS = "control_deps"
+from ..fx.control_deps import SyncCall, alias_of, is_passthrough, sync_of
+from ..fx.meta import drop_stream, stream_of
 
 
 @dataclass(eq=False)
@@ -44,67 +41,15 @@ class Region:
     nodes: list[torch.fx.Node] = field(default_factory=list)
 
 
-@dataclass(eq=False)
-class SyncStep:
-    """One sync op; ``node`` issues it (the op itself, or the control_deps wrapping it)."""
-
-    node: torch.fx.Node
-    op: Any
-    args: tuple[Any, ...]  # outer-graph nodes and constants
-
-
-Step = Region | SyncStep
-
-
-def is_control_deps(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and getattr(node.target, "_name", None) == CONTROL_DEPS
-
-
-def alias_of(node: Any) -> Any:
-    """The value ``node`` stands for: a control_deps passthrough is its operand."""
-    while (
-        isinstance(node, torch.fx.Node)
-        and node.target is operator.getitem
-        and isinstance(node.args[0], torch.fx.Node)
-        and is_control_deps(node.args[0])
-    ):
-        index = node.args[1]
-        if not isinstance(index, int) or index == 0:
-            return None  # the sync op's own result
-        node = node.args[0].args[1 + index]
-    return node
-
-
-def sync_step(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncStep | None:
-    """The sync ``node`` issues, or None when it is not a sync."""
-    if node.op != "call_function":
-        return None
-    if is_sync_op(node.target):
-        return SyncStep(node, node.target, tuple(node.args))
-    if not is_control_deps(node):
-        return None
-    subgraph = getattr(gm, str(node.args[1].target))  # type: ignore[union-attr]
-    operands = iter(node.args[2:])
-    inner: dict[torch.fx.Node, Any] = {}
-    for sub in subgraph.graph.nodes:
-        if sub.op == "placeholder":
-            inner[sub] = next(operands, None)
-        elif sub.op == "call_function" and is_sync_op(sub.target):
-            args = torch.fx.map_arg(sub.args, lambda n: inner[n])
-            return SyncStep(node, sub.target, tuple(args))
-    raise ValueError(f"control_deps node {node.name} wraps no sync op")
-
-
-def _is_passthrough(node: torch.fx.Node) -> bool:
-    return alias_of(node) is not node
-
-
 def _pinned(node: torch.fx.Node) -> bool:
     """Nodes that must not move earlier: mutations and other side effects."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
         return True
     return node.is_impure()
+
+
+Step = Region | SyncCall
 
 
 class _Grouping:
@@ -116,7 +61,7 @@ class _Grouping:
         self.segment: list[Region] = []  # regions since the last sync, in launch order
         self.frozen = 0  # regions before this index of the segment take no more nodes
 
-    def sync(self, step: SyncStep) -> None:
+    def sync(self, step: SyncCall) -> None:
         self.steps.append(step)
         self.segment, self.frozen = [], 0
 
@@ -159,9 +104,9 @@ def split(gm: torch.fx.GraphModule) -> list[Step]:
     """The graph as regions and syncs, in issue order (see the module docstring)."""
     grouping = _Grouping()
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr") or _is_passthrough(node):
+        if node.op in ("placeholder", "output", "get_attr") or is_passthrough(node):
             continue
-        step = sync_step(gm, node)
+        step = sync_of(gm, node)
         if step is not None:
             grouping.sync(step)
         else:
@@ -205,25 +150,17 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
             inputs.append(value)
         env[used] = env[value]
     for node in region.nodes:
-        env[node] = _without_annotation(graph.node_copy(node, lambda n: env[n]))
+        env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
     outputs = [n for n in region.nodes if any(user not in members for user in n.users)]
     graph.output(tuple(env[n] for n in outputs))
     module = torch.fx.GraphModule(attributes(gm, graph, keep_syncs=True), graph)
     return RegionModule(module, inputs, outputs)
 
 
-def _without_annotation(copy: torch.fx.Node) -> torch.fx.Node:
-    """``copy`` (a fresh node, its meta a shallow copy) without its stream annotation."""
-    custom = copy.meta.get("custom")
-    if isinstance(custom, dict) and "stream" in custom:
-        copy.meta["custom"] = {k: v for k, v in custom.items() if k != "stream"}
-    return copy
-
-
 def has_stream_work(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` (or a subgraph it calls) has a stream annotation or a sync."""
     for node in gm.graph.nodes:
-        if stream_of(node) is not None or sync_step(gm, node) is not None:
+        if stream_of(node) is not None or sync_of(gm, node) is not None:
             return True
         if node.op == "get_attr":
             sub = getattr(gm, str(node.target), None)
@@ -242,9 +179,9 @@ def without_streams(gm: torch.fx.GraphModule, *, keep_syncs: bool = False) -> to
             value = alias_of(node)
             env[node] = None if value is None else env[value]
             continue
-        if not keep_syncs and sync_step(gm, node) is not None:
+        if not keep_syncs and sync_of(gm, node) is not None:
             continue
-        env[node] = _without_annotation(graph.node_copy(node, lambda n: env[n]))
+        env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(attributes(gm, graph, keep_syncs=keep_syncs), graph)
 

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from .errors import UnsupportedPathError
-from .stream_ops import sync_op
+from ..errors import UnsupportedPathError
+from ..fx.ops import is_lookup
+from ..run.own_ops import sync_op
 from .table import UserObjectTable
 
 # Method name -> what it becomes, per receiver kind.
@@ -27,19 +28,19 @@ _EVENT_METHODS = ("synchronize",)
 _UNSUPPORTED = ("record_event",)
 
 
-def rewrite(graph: torch.fx.Graph, lookup_targets: tuple[Any, ...], table: UserObjectTable) -> int:
+def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> int:
     """Replace sync method calls on user objects by ops; returns how many were replaced."""
     replaced = 0
     for node in list(graph.nodes):
         if node.op != "call_method" or not node.args:
             continue
-        receiver = _object_index(node.args[0], lookup_targets)
+        receiver = _object_index(node.args[0])
         if receiver is None:
             continue
         example = table.example(receiver)
         if node.target in _UNSUPPORTED:
             raise _unsupported(node, example, table)
-        op_and_args = _as_op(node, receiver, example, lookup_targets, table)
+        op_and_args = _as_op(node, receiver, example, table)
         if op_and_args is None:
             continue
         with graph.inserting_before(node):
@@ -51,11 +52,11 @@ def rewrite(graph: torch.fx.Graph, lookup_targets: tuple[Any, ...], table: UserO
     return replaced
 
 
-def _object_index(arg: Any, lookup_targets: tuple[Any, ...]) -> int | None:
+def _object_index(arg: Any) -> int | None:
     """The table index a lookup node reads, or None if ``arg`` is not one."""
     if not isinstance(arg, torch.fx.Node) or arg.op != "call_function":
         return None
-    if not any(arg.target is target for target in lookup_targets):
+    if not is_lookup(arg.target):
         return None
     index = arg.args[0] if arg.args else None
     return index if type(index) is int else None
@@ -65,7 +66,6 @@ def _as_op(
     node: torch.fx.Node,
     receiver: int,
     example: Any,
-    lookup_targets: tuple[Any, ...],
     table: UserObjectTable,
 ) -> tuple[Any, tuple[int, ...]] | None:
     name = node.target
@@ -75,7 +75,7 @@ def _as_op(
         return None
     if name == "synchronize":
         return sync_op("synchronize_stream"), (receiver,)
-    other = _object_index(node.args[1] if len(node.args) > 1 else None, lookup_targets)
+    other = _object_index(node.args[1] if len(node.args) > 1 else None)
     if other is None:
         raise _unsupported(node, example, table)
     if name == "wait_stream":

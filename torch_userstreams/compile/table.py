@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserObjectError
+from ..errors import UserObjectError
 
 # Emits bytecode that pushes the object for one call onto the stack (a Dynamo PyCodegen).
 Emitter = Callable[[Any], None]
@@ -49,27 +49,18 @@ class Entry:
     example_type: str
     added_by: str = "dynamo"
     phase: Phase = Phase.FORWARD
-    # False for an ambient current stream no node reads: its prologue load is skipped.
-    live: bool = True
-    # True when a backend or pass asked for it, so it is loaded even if no node reads it.
-    requested: bool = False
+    # False for an ambient current stream no node reads: the prologue does not load it.
+    loaded: bool = True
+    # Loaded whether or not a node reads it: a backend or pass asked for it by index.
+    always_loaded: bool = False
     # The device of the object (a stream's or an event's), kept after the example is dropped.
     device: torch.device | None = None
     # The compile-time value (Dynamo runs lookup nodes on it while tracing); dropped by
     # ``release_examples`` once the graph is compiled, so the table owns no user object.
     example: Any = field(default=None, repr=False)
 
-    @property
-    def held_strongly(self) -> bool:
-        """Only inputs belong to the user; whatever the call makes it keeps alive itself.
-
-        The ambient current stream counts as made by the call: ``current_stream()`` returns
-        a fresh wrapper object each time, which nothing else would keep alive.
-        """
-        return self.kind is not EntryKind.INPUT
-
     def describe(self) -> str:
-        flags = "" if self.live else " (unused: not loaded)"
+        flags = "" if self.loaded else " (unused: not loaded)"
         return (
             f"[{self.index}] {self.kind.value:<14} {self.phase.value:<8} "
             f"{self.example_type:<12} {self.origin}  (added by {self.added_by}){flags}"
@@ -89,8 +80,10 @@ class UserObjectTable:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __bool__(self) -> bool:
-        return any(entry.live for entry in self.entries)
+    @property
+    def loads_any(self) -> bool:
+        """Whether the prologue has anything to load (else the graph gets no prologue)."""
+        return any(entry.loaded for entry in self.entries)
 
     def add(
         self,
@@ -99,7 +92,7 @@ class UserObjectTable:
         emit: Emitter,
         example: Any,
         *,
-        added_by: str = "dynamo",
+        added_by: str,
         phase: Phase = Phase.FORWARD,
     ) -> int:
         """Append an entry and return its index; the example must be weak-referenceable."""
@@ -140,29 +133,46 @@ class UserObjectTable:
 
     def example(self, index: int) -> Any:
         """The compile-time object at ``index`` (what a lookup returns while compiling)."""
-        try:
+        if isinstance(index, int) and 0 <= index < len(self.entries):
             return self.entries[index].example
-        except IndexError:
-            raise UserObjectError(
-                f"torch_userstreams: graph {self.graph_name} has no user object at index "
-                f"{index} while compiling (its table has {len(self.entries)} entries)."
-            ) from None
+        raise UserObjectError(
+            f"torch_userstreams: graph {self.graph_name} has no user object at index "
+            f"{index!r} while compiling (its table has {len(self.entries)} entries)."
+        )
 
     def release_examples(self) -> None:
         for entry in self.entries:
             entry.example = None
 
-    def find(self, kind: EntryKind, origin: str) -> Entry | None:
+    def find_current_stream(self, device: torch.device) -> Entry | None:
+        """The entry of ``device``'s ambient current stream, if the table has one."""
         for entry in self.entries:
-            if entry.kind is kind and entry.origin == origin:
+            if entry.kind is EntryKind.CURRENT_STREAM and entry.device == device:
                 return entry
         return None
+
+    def add_current_stream(
+        self, device: torch.device, emit: Emitter, example: Any, *, added_by: str
+    ) -> int:
+        """The entry of ``device``'s ambient current stream, as it is at each call."""
+        origin = f"current stream of {device}"
+        index = self.add(EntryKind.CURRENT_STREAM, origin, emit, example, added_by=added_by)
+        self.entries[index].device = device  # the device asked for, even if the stream's differs
+        return index
+
+    def current_streams(self) -> dict[str, int]:
+        """{device: index} of the current-stream entries."""
+        return {
+            str(entry.device): entry.index
+            for entry in self.entries
+            if entry.kind is EntryKind.CURRENT_STREAM
+        }
 
     def describe(self) -> str:
         lines = [f"user objects of graph {self.graph_name}: {len(self.entries)}"]
         lines.extend("  " + entry.describe() for entry in self.entries)
         if self.pass_notes:
-            lines.append("added by passes:")
+            lines.append("what the passes did:")
             lines.extend("  " + note for note in self.pass_notes)
         return "\n".join(lines)
 

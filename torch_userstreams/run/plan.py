@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .runtime import lookup
+from .lookup import lookup
 
 
 @dataclass(frozen=True)

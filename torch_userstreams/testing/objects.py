@@ -1,4 +1,5 @@
-"""Counting live ``torch.Stream`` / ``torch.Event`` objects, the way the tests count them."""
+"""Counting live ``torch.Stream`` / ``torch.Event`` objects: the one counter that tests, the
+demo and the benchmarks share, so a leak reads the same everywhere."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def live_user_objects() -> int:
     """Streams/events reachable from any gc-tracked object, counted once each by id.
 
     Plain ``torch.Stream`` objects are not tracked by the gc, so the referents of every
-    tracked object are scanned too (as in tests/helpers.py). A process that has compiled
+    tracked object are scanned too. A process that has compiled
     holds millions of objects: chunks are first checked with C-level set operations over
     their types, and only the rare chunk holding a user object is scanned in Python.
     """

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedPathError
-from .runtime import lookup
-from .stream_ops import op_name
+from ..errors import UnsupportedPathError
+from ..fx.ops import op_name
+from .lookup import lookup
 
 
 def _record_event(event: int, stream: int) -> None:

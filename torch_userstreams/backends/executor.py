@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from .issue_syncs import issuer
-from .passes.annotations import stream_of
-from .plan import Program, Ref, Step
-from .regions import alias_of, sync_step
+from ..fx.control_deps import alias_of, sync_of
+from ..fx.meta import stream_of
+from ..run.issue_syncs import issuer
+from ..run.plan import Program, Ref, Step
 
 
 def _method_caller(name: str) -> Callable[..., Any]:
@@ -68,7 +68,7 @@ def node_program(gm: torch.fx.GraphModule) -> Program:
     for node in gm.graph.nodes:
         if node.op == "placeholder" or alias_of(node) is not node:
             continue
-        sync = sync_step(gm, node)
+        sync = sync_of(gm, node)
         if node.op == "output":
             output = ref(node.args[0])
         elif sync is not None:

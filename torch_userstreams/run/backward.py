@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from torch.autograd.function import BackwardCFunction
 
-from . import native, runtime
+from . import native
+from .binding import Binding
+
+# The forward call's binding, on each Python autograd node the call made. This module writes
+# it (``attach``) and reads it (``backward_binding``).
+BINDING_ATTR = "_torch_userstreams_binding"
+_current_autograd_node = torch._C._current_autograd_node
 
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
@@ -53,7 +59,13 @@ def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 
-def attach(binding: runtime.Binding, out: Any, first: int, last: int) -> bool:
+def backward_binding() -> Binding | None:
+    """The binding of the forward call whose backward node runs now on this thread."""
+    node = _current_autograd_node()
+    return None if node is None else getattr(node, BINDING_ATTR, None)
+
+
+def attach(binding: Binding, out: Any, first: int, last: int) -> bool:
     """Make the backward of this call resolve user objects against ``binding``.
 
     Returns False when the call made no Python autograd node (a backend without
@@ -64,8 +76,8 @@ def attach(binding: runtime.Binding, out: Any, first: int, last: int) -> bool:
         if not isinstance(node, BackwardCFunction):
             continue  # a C++ node: it runs no user-object lookup
         attached = True
-        if getattr(node, runtime.BINDING_ATTR, None) is None:  # a nested call's: keep it
-            setattr(node, runtime.BINDING_ATTR, binding)
+        if getattr(node, BINDING_ATTR, None) is None:  # a nested call's: keep it
+            setattr(node, BINDING_ATTR, binding)
             node.register_prehook(_feed_native_if_uninstalled)
     return attached
 
@@ -73,7 +85,6 @@ def attach(binding: runtime.Binding, out: Any, first: int, last: int) -> bool:
 def _feed_native_if_uninstalled(grad_outputs: Any) -> None:
     """After ``uninstall()``, native ops read native's table: give it this call's objects."""
     if not native.installed:
-        node = torch._C._current_autograd_node()
-        binding = getattr(node, runtime.BINDING_ATTR, None)
+        binding = backward_binding()
         if binding is not None:
             native.feed(binding)

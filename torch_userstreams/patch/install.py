@@ -11,18 +11,21 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import dynamo_shims, native, runtime, stream_ops
-from .errors import PatchPointError, UnsupportedTorchError
-from .patch_points import (
+from ..errors import PatchPointError, UnsupportedTorchError
+from ..run import native
+from ..run.state import forget_thread_state, wait_for_calls_on_other_threads
+from . import fakes
+from .points import (
     LAZY_MODULES,
     POINTS,
     SUPPORTED_MINORS,
@@ -31,9 +34,11 @@ from .patch_points import (
     minor_of,
 )
 
+log = logging.getLogger("torch_userstreams")
+
 STREAMS_MODULE = "torch._dynamo.variables.streams"
 _PRERELEASE = re.compile(r"(dev|a\d|b\d|rc\d|git)")
-_PACKAGE = __name__.rsplit(".", 1)[0]
+_PACKAGE = __name__.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,10 @@ def resolve(point: PatchPoint) -> Resolved:
     params = tuple(inspect.signature(native).parameters)
     if params != point.params:
         raise _missing(point, f"its parameters are {params}, expected {point.params}")
+    module = importlib.import_module(point.module)
+    for name in point.needs:
+        if not hasattr(module, name):
+            raise _missing(point, f"{point.module}.{name}, which its replacement uses, is gone")
     return Resolved(point, owner, attr, raw, native)
 
 
@@ -122,7 +131,7 @@ def _missing(point: PatchPoint, what: str) -> PatchPointError:
         f"torch_userstreams cannot patch torch {torch.__version__}: patch point "
         f"{point.name} is missing or changed: {what}. Supported torch: {SUPPORTED_RANGE}. "
         "Nothing was patched. Use a supported torch release, or update "
-        "torch_userstreams/patch_points.py for this version (see CONTRIBUTING.md)."
+        "torch_userstreams/patch/points.py for this version (see CONTRIBUTING.md)."
     )
 
 
@@ -148,17 +157,9 @@ def _replacement_for(resolved: Resolved) -> Any:
     module_name, func_name = resolved.point.replacement.rsplit(".", 1)
     module = importlib.import_module(f"{_PACKAGE}.{module_name}")
     replacement = getattr(module, func_name)
-    if resolved.point.replacement == "output_graph_hook.wrap":
-        return replacement(resolved.native, (runtime.lookup, _native_lookup()))
     if resolved.point.wraps:
         return replacement(resolved.native)
     return staticmethod(replacement) if resolved.point.static else replacement
-
-
-def _native_lookup() -> Callable[[int], Any]:
-    from torch._dynamo import graph_bytecode_inputs
-
-    return graph_bytecode_inputs.get_external_object_by_index
 
 
 def plan(minor: str) -> list[tuple[Site, Any]]:
@@ -179,21 +180,14 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
 
 
 def _fake_impl_writes() -> list[tuple[Site, Any]]:
-    """Fake implementations for the ``streams`` ops whose native one fails (stream_ops)."""
+    """Fake implementations for the ``streams`` ops whose native one fails (``fakes``)."""
     writes = []
-    for opdef, attr, original, new in stream_ops.fake_impl_writes():
+    for opdef, attr, original, new in fakes.fake_impl_writes():
         point = PatchPoint(
-            STREAMS_MODULE, f"{opdef._name}.{attr}", "stream_ops.no_effect_fake", (), aliases=False
+            STREAMS_MODULE, f"{opdef._name}.{attr}", "run.own_ops.no_effect_fake", (), aliases=False
         )
         writes.append((Site(opdef, attr, original, point), new))
     return writes
-
-
-def _record_natives(writes: list[tuple[Site, Any]]) -> None:
-    dynamo_shims.NATIVE.clear()
-    for site, _ in writes:
-        if site.point.module.endswith("graph_bytecode_inputs"):
-            dynamo_shims.NATIVE.setdefault(site.point.qualname, site.original)
 
 
 @contextlib.contextmanager
@@ -214,7 +208,6 @@ def install() -> None:
             return
         minor = supported_minor()
         writes = plan(minor)
-        _record_natives(writes)
         done: list[tuple[Site, Any]] = []
         try:
             for site, new in writes:
@@ -235,10 +228,48 @@ def _restore(done: list[tuple[Site, Any]]) -> None:
 def uninstall() -> None:
     """Restore every patched attribute to the identical object it replaced."""
     with _between_compiles():
+        # Calls starting from now fill native's table as well; calls already running on
+        # other threads finish on the package's lookup before it is unpatched.
+        native.set_installed(False)
+        if not wait_for_calls_on_other_threads():
+            log.warning(
+                "torch_userstreams: uninstall() went ahead while a compiled call on another "
+                "thread was still running after 10 s; that call's user objects may not resolve"
+            )
         _restore(_applied)
         _applied.clear()
-        native.set_installed(False)
-        runtime.forget_thread_state()
+        forget_thread_state()
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Install for the duration of the block; leave it as it was found afterwards."""
+    was_installed = is_installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was_installed:
+            uninstall()
+
+
+@contextlib.contextmanager
+def session(package: bool = True) -> Iterator[None]:
+    """A fresh Dynamo, the package installed (or not) for the block; afterwards the install
+    state found and a fresh Dynamo again, whatever the block compiled."""
+    import torch
+
+    was_installed = is_installed()
+    torch._dynamo.reset()
+    try:
+        if package:
+            install()
+        else:
+            uninstall()
+        yield
+    finally:
+        torch._dynamo.reset()
+        (install if was_installed else uninstall)()
 
 
 def is_installed() -> bool:
@@ -246,6 +277,6 @@ def is_installed() -> bool:
 
 
 def applied_sites() -> list[tuple[Site, Any]]:
-    """The writes currently in effect (for tests and ``doctor``)."""
+    """The writes currently in effect, each with the original it replaced (for tests)."""
     with _lock:
         return list(_applied)

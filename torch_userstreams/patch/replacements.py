@@ -1,7 +1,8 @@
-"""Replacements for native Dynamo's user-object functions, routed to per-graph tables.
+"""What replaces each native Dynamo user-object function: routes to the graph's compile.
 
-``patching`` installs each of these over the native function *and* over every by-value
-alias of it, and restores the originals on ``uninstall()``.
+``patch.install`` writes each of these over the native function *and* over every by-value
+alias of it, and restores the originals on ``uninstall()``. The ones made by a ``wrap_``
+factory are given the native function (kept as their ``__wrapped__``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from typing import Any
 
 import torch
 
-from . import api, emitters, factories
-from .registration import current_table, reset_staging
-from .table import EntryKind
+from .. import api
+from ..compile import emitters, factories, graph_compile
+from ..compile.table import EntryKind, Phase
 
 log = logging.getLogger("torch_userstreams")
-
-# Filled by ``patching.install`` with the native functions we wrap or fall back to.
-NATIVE: dict[str, Callable[..., Any]] = {}
+DYNAMO = "dynamo"
+TORCH = "torch"  # a request from torch's own code (Dynamo, AOTAutograd) while compiling
+FORWARD = Phase.FORWARD
 
 
 def _source_name(source: Any) -> str:
@@ -31,13 +32,12 @@ def register_user_object(value: Any, source: Any) -> int:
     """An object Dynamo can load from the frame (input, global, ambient stream)."""
     from torch._dynamo.source import CurrentStreamSource
 
-    table = current_table()
+    table = graph_compile.current("Dynamo's register_user_object").table
     if isinstance(source, CurrentStreamSource):
-        origin = f"current stream of {source.device}"
-        return table.add(
-            EntryKind.CURRENT_STREAM, origin, emitters.current_stream(source.device), value
-        )
-    return table.add(EntryKind.INPUT, _source_name(source), emitters.from_source(source), value)
+        emit = emitters.current_stream(source.device)
+        return table.add_current_stream(source.device, emit, value, added_by=DYNAMO)
+    emit = emitters.from_source(source)
+    return table.add(EntryKind.INPUT, _source_name(source), emit, value, added_by=DYNAMO)
 
 
 class ConstructSpec:
@@ -75,7 +75,7 @@ def make_construct_in_graph_event_fn(args: Any, kwargs: Any) -> ConstructSpec:
 
 def register_graph_created_object(example_value: Any, construct_fn: Any) -> int:
     """An object the user's function creates: rebuilt fresh on every call, as eager does."""
-    table = current_table()
+    table = graph_compile.current("Dynamo's register_graph_created_object").table
     if isinstance(construct_fn, ConstructSpec):
         factory = factories.factory_for(example_value, construct_fn.args, construct_fn.kwargs)
         return table.add(
@@ -83,6 +83,7 @@ def register_graph_created_object(example_value: Any, construct_fn: Any) -> int:
             f"{construct_fn.text()} in the function",
             emitters.from_factory(factory),
             example_value,
+            added_by=DYNAMO,
         )
     # A native construction path we do not know: emit its own bytecode unchanged.
     log.warning(
@@ -96,34 +97,50 @@ def register_graph_created_object(example_value: Any, construct_fn: Any) -> int:
     def emit(cg: Any) -> None:
         construct_fn(index, cg)
 
-    return table.add(
-        EntryKind.GRAPH_CREATED,
-        f"{type(example_value).__name__} (native constructor)",
-        emit,
-        example_value,
-    )
+    origin = f"{type(example_value).__name__} (native constructor)"
+    return table.add(EntryKind.GRAPH_CREATED, origin, emit, example_value, added_by=DYNAMO)
 
 
 def new_stream(*args: Any, **kwargs: Any) -> int:
-    """Replacement for Dynamo's ``new_stream`` (called by passes while compiling)."""
-    return api.new_stream(*args, **kwargs)
+    """Replacement for Dynamo's ``new_stream``: a stream torch asks for while compiling,
+    with ``torch.Stream``'s arguments."""
+
+    def request(device: Any = None, priority: int = 0) -> int:
+        compile_ = graph_compile.current("Dynamo's new_stream")
+        return api.request_stream(compile_, device, priority, added_by=TORCH, phase=FORWARD)
+
+    return request(*args, **kwargs)
 
 
 def new_event(*args: Any, **kwargs: Any) -> int:
-    """Replacement for Dynamo's ``new_event`` (AOTAutograd's backward syncs call it)."""
-    return api.new_event(*args, **kwargs)
+    """Replacement for Dynamo's ``new_event``: an event torch asks for while compiling, with
+    ``torch.Event``'s arguments."""
+
+    def request(device: Any = None, **flags: bool) -> int:
+        compile_ = graph_compile.current("Dynamo's new_event")
+        return api.request_event(compile_, device, flags, added_by=TORCH, phase=FORWARD)
+
+    return request(*args, **kwargs)
 
 
 def get_current_stream(device: torch.device) -> int:
-    return api.native_get_current_stream(device)
+    """Replacement for Dynamo's ``get_current_stream``: one entry per device, always loaded."""
+    compile_ = graph_compile.current("Dynamo's get_current_stream")
+    return compile_.current_stream(factories.resolve_device(device), added_by=TORCH)
 
 
-def reset_user_object_tracking() -> None:
-    """Dynamo starts a frame compile: native tables reset as before; our staging too, and a
-    stream annotation leaked by an earlier trace is dropped."""
-    reset_staging()
-    _drop_leaked_stream_annotation()
-    NATIVE["reset_user_object_tracking"]()
+def wrap_reset(native: Callable[[], None]) -> Callable[[], None]:
+    """The replacement for ``reset_user_object_tracking``, called as Dynamo starts a frame:
+    native's tables reset as before, the frame gets a fresh compile, and a stream
+    annotation leaked by an earlier trace is dropped."""
+
+    def reset_user_object_tracking() -> None:
+        graph_compile.begin_frame()
+        _drop_leaked_stream_annotation()
+        native()
+
+    reset_user_object_tracking.__wrapped__ = native  # type: ignore[attr-defined]
+    return reset_user_object_tracking
 
 
 def _drop_leaked_stream_annotation() -> None:
@@ -134,19 +151,21 @@ def _drop_leaked_stream_annotation() -> None:
     frame compile starts inside a stream context, so any stream annotation here leaked."""
     from torch.fx import traceback as fx_traceback
 
-    custom = fx_traceback.current_meta.get("custom")
-    if isinstance(custom, dict) and "stream" in custom:
+    from ..fx.meta import CUSTOM, STREAM
+
+    custom = fx_traceback.current_meta.get(CUSTOM)
+    if isinstance(custom, dict) and STREAM in custom:
         log.warning(
             "torch_userstreams: dropped the stream annotation %r that an earlier, failed "
             "trace left behind",
-            custom.pop("stream"),
+            custom.pop(STREAM),
         )
 
 
 def has_user_objects() -> bool:
     """Seen by ``OutputGraph``: False, so native emits no prologue of its own.
 
-    Our registrations never reach native's tables; if something did, the graph's hook
-    reports it instead of emitting a stale native prologue.
+    The package's registrations never reach native's tables; if something did, the graph's
+    hook reports it instead of emitting a stale native prologue.
     """
     return False

@@ -1,9 +1,11 @@
-"""The OutputGraph hook: table per graph, prologue generated after the backend returns.
+"""The OutputGraph hook: a compile per graph, its prologue generated after the backend returns.
 
-Wraps ``OutputGraph.compile_and_call_fx_graph``. While the original runs (Dynamo calls the
-backend inside it), every registration lands in this graph's table. When it returns, the
-backend is done, so the table is complete: we wrap the compiled function in a
-``BoundGraph`` and prepend the prologue to the instructions that call it.
+Wraps ``OutputGraph.compile_and_call_fx_graph``. Before the backend sees Dynamo's graph, the
+graph's syncs get the shape of later torch releases (``method_syncs``) and its stream
+annotations are checked against its table. While the original runs (Dynamo calls the backend
+inside it), every request lands in this graph's compile. When it returns, the backend is
+done, so the table is complete: the compiled function is wrapped in a ``BoundGraph`` and the
+prologue prepended to the instructions that call it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import backward, epilogue, prologue, registration, runtime, sync_calls
-from .errors import UnsupportedPathError, UserObjectError
-from .passes.annotations import check_streams
+import torch
+
+from ..errors import UnsupportedPathError, UserObjectError
+from ..run.backward import attach
+from ..run.bound_graph import BoundGraph
+from ..run.state import state
+from . import graph_compile, method_syncs, prologue
+from .graph_compile import GraphCompile
 from .table import UserObjectTable
 
 log = logging.getLogger("torch_userstreams")
@@ -58,58 +65,78 @@ def _check_native_tables_empty(table: UserObjectTable) -> None:
         )
 
 
-def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, runtime.BoundGraph]:
+def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
+    """Every stream annotation of ``graph`` names a stream of its own ``table``.
+
+    An annotation that does not (an index of another graph, left by a failed trace) would
+    run the node on some other call's object, or fail deep inside a backend.
+    """
+    from ..fx.meta import stream_of
+
+    for node in graph.nodes:
+        index = stream_of(node)
+        if index is None:
+            continue
+        known = 0 <= index < len(table)
+        if not known or not isinstance(table.entries[index].example, torch.Stream):
+            what = table.entries[index].describe().strip() if known else "nothing"
+            raise UserObjectError(
+                f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
+                f"annotated to run on stream {index}, but entry {index} of its table is "
+                f"{what}. A stream annotation from another trace leaked into this one; "
+                "call torch._dynamo.reset() and compile again, and report it if it recurs."
+            )
+
+
+def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, BoundGraph]:
     """Wrap the compiled function, keeping Dynamo's ``disable`` outermost.
 
     Dynamo installs the graph as ``disable(fn)`` so that its frames are never traced; the
-    ``BoundGraph`` goes inside that wrapper, or Dynamo would try to compile our runtime.
+    ``BoundGraph`` goes inside that wrapper, or Dynamo would try to compile the run-time layer.
     """
     from torch._dynamo import disable
     from torch._dynamo.eval_frame import innermost_fn
 
-    bound = runtime.BoundGraph(innermost_fn(compiled), table, backward.attach)
+    bound = BoundGraph(innermost_fn(compiled), table, attach)
     return disable(bound.run, reason="torch_userstreams: runs a compiled graph"), bound
 
 
-def finish(output_graph: Any, table: UserObjectTable, result: Any, lookup_targets: tuple) -> Any:
-    """Wrap the compiled function and prepend the prologue, if the graph has objects."""
+def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
+    """Wrap the compiled function and prepend the prologue, if the graph loads any object."""
+    table = compile_.table
     _check_native_tables_empty(table)
     if getattr(output_graph, "export", False):
-        runtime.set_exported(table)  # keeps its examples for export's re-trace
+        state.calls.exported = table  # keeps its examples for export's re-trace
     else:
         table.release_examples()
-    prologue.mark_live(table, output_graph.graph, lookup_targets)
-    if not table:
+    prologue.mark_loaded(table, output_graph.graph)
+    if not table.loads_any:
         return result
     _check_no_specializations(output_graph, table)
     instructions = result[0] if isinstance(result, tuple) else result
     name = _compiled_fn_name(instructions)
     output_graph.global_scope[name], bound = _bind(output_graph.global_scope[name], table)
-    vars(output_graph)[epilogue.BOUND_ATTR] = bound
-    bound.returns_objects = bool(vars(output_graph).get(epilogue.RETURNS_ATTR))
+    compile_.bound = bound
+    bound.returns_objects = compile_.returns_objects
     code = prologue.build(output_graph, table, bound)
     table.prologue_listing = prologue.render(code)
     log.debug("%s\nprologue:\n%s", table.describe(), table.prologue_listing)
-    explain_sink = registration.explain_sink()
-    if explain_sink is not None:
-        explain_sink.append(table)
+    graph_compile.collected(table)
     if isinstance(result, tuple):
         return (code + list(result[0]), *result[1:])
     return code + list(result)
 
 
-def wrap(original: Callable[..., Any], lookup_targets: tuple[Any, ...]) -> Callable[..., Any]:
+def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     """The replacement for ``OutputGraph.compile_and_call_fx_graph``."""
 
     @functools.wraps(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
-        table = registration.table_of(self)
-        sync_calls.rewrite(self.graph, lookup_targets, table)
-        check_streams(self.graph, table)
-        with registration.compiling(self):
+        compile_ = graph_compile.for_output_graph(self)
+        method_syncs.rewrite(self.graph, compile_.table)
+        check_streams(self.graph, compile_.table)
+        with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)
-        table = registration.take_table(self)
-        return finish(self, table, result, lookup_targets)
+        return finish(self, compile_, result)
 
-    compile_and_call_fx_graph.__torch_userstreams_original__ = original  # type: ignore[attr-defined]
     return compile_and_call_fx_graph

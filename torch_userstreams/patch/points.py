@@ -2,7 +2,7 @@
 
 Each ``PatchPoint`` names where the native object lives, what we expect there (its
 parameter names) and what replaces it. ``aliases=True`` means modules imported the object
-by value (``from x import f``); ``patching`` finds those copies by identity and patches
+by value (``from x import f``); ``patch.install`` finds those copies by identity and patches
 them too. ``tests/golden/`` freezes the signature of each point per version, so an upstream
 change shows up as one failing test.
 """
@@ -31,6 +31,8 @@ class PatchPoint:
     aliases: bool = True
     static: bool = False  # a staticmethod in a class: restore the descriptor itself
     wraps: bool = False  # the replacement is a factory called with the native object
+    # Other names the replacement relies on in ``module``: missing ones fail the install.
+    needs: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -39,24 +41,24 @@ class PatchPoint:
 
 _COMMON = (
     PatchPoint(
-        GBI, "register_user_object", "dynamo_shims.register_user_object", ("value", "source")
+        GBI, "register_user_object", "patch.replacements.register_user_object", ("value", "source")
     ),
     PatchPoint(
         GBI,
         "register_graph_created_object",
-        "dynamo_shims.register_graph_created_object",
+        "patch.replacements.register_graph_created_object",
         ("example_value", "construct_fn"),
     ),
-    PatchPoint(GBI, "get_external_object_by_index", "runtime.lookup", ("index",)),
-    PatchPoint(GBI, "reset_user_object_tracking", "dynamo_shims.reset_user_object_tracking", ()),
-    PatchPoint(GBI, "has_user_objects", "dynamo_shims.has_user_objects", ()),
-    PatchPoint(STREAMS, "new_event", "dynamo_shims.new_event", ("args", "kwargs")),
-    PatchPoint(STREAMS, "new_stream", "dynamo_shims.new_stream", ("args", "kwargs")),
-    PatchPoint(STREAMS, "get_current_stream", "dynamo_shims.get_current_stream", ("device",)),
+    PatchPoint(GBI, "get_external_object_by_index", "run.lookup.lookup", ("index",)),
+    PatchPoint(GBI, "reset_user_object_tracking", "patch.replacements.wrap_reset", (), wraps=True),
+    PatchPoint(GBI, "has_user_objects", "patch.replacements.has_user_objects", ()),
+    PatchPoint(STREAMS, "new_event", "patch.replacements.new_event", ("args", "kwargs")),
+    PatchPoint(STREAMS, "new_stream", "patch.replacements.new_stream", ("args", "kwargs")),
+    PatchPoint(STREAMS, "get_current_stream", "patch.replacements.get_current_stream", ("device",)),
     PatchPoint(
         STREAMS,
         "StreamVariable.make_construct_in_graph_stream_fn",
-        "dynamo_shims.make_construct_in_graph_stream_fn",
+        "patch.replacements.make_construct_in_graph_stream_fn",
         ("args", "kwargs"),
         aliases=False,
         static=True,
@@ -64,7 +66,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "EventVariable.make_construct_in_graph_event_fn",
-        "dynamo_shims.make_construct_in_graph_event_fn",
+        "patch.replacements.make_construct_in_graph_event_fn",
         ("args", "kwargs"),
         aliases=False,
         static=True,
@@ -72,7 +74,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "StreamVariable.reconstruct",
-        "epilogue.wrap_reconstruct",
+        "compile.returned_objects.wrap_reconstruct",
         ("self", "codegen"),
         aliases=False,
         wraps=True,
@@ -80,7 +82,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "EventVariable.reconstruct",
-        "epilogue.wrap_reconstruct",
+        "compile.returned_objects.wrap_reconstruct",
         ("self", "codegen"),
         aliases=False,
         wraps=True,
@@ -91,7 +93,7 @@ _COMMON = (
     PatchPoint(
         OUTPUT_GRAPH,
         "OutputGraph.compile_and_call_fx_graph",
-        "output_graph_hook.wrap",
+        "compile.hook.wrap",
         ("self", "tx", "rv", "root"),
         aliases=False,
         wraps=True,
@@ -120,6 +122,7 @@ _WRAP_SYNCS = PatchPoint(
     "wrap_all_sync_nodes_with_control_deps",
     "passes.wrap_all_sync_nodes_with_control_deps",
     ("gm",),
+    needs=("_wrap_sync_node",),
 )
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {

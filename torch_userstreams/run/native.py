@@ -9,7 +9,7 @@ Two cases, both at the edge of ``install()``:
   native's table: a graph compiled while installed fills it with its call's objects
   (``feed``) before its forward, and before its backward (``backward.attach``).
 
-``installed`` is the one flag the per-call path reads (set by ``patching``).
+``installed`` is the one flag the per-call path reads (set by ``patch.install``).
 """
 
 from __future__ import annotations

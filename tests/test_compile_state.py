@@ -1,0 +1,71 @@
+"""What one graph compile leaves behind, and what happens outside any compile."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from helpers import forget_bindings
+
+import torch_userstreams
+from torch_userstreams.errors import NotCompilingError
+from torch_userstreams.run.state import state
+from torch_userstreams.simulator import SimStream
+
+
+def side(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = x.sin()
+    return y + 1
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_compiled_graph_is_freed_with_dynamo_reset() -> None:
+    compiled = torch.compile(side, backend="aot_eager")
+    compiled(torch.ones(2), SimStream(device="cpu"))
+    (compile_,) = state.compiles
+    bound = weakref.ref(compile_.bound)
+    assert bound() is not None
+    del compiled
+    forget_bindings()  # conftest's spy holds the last call's binding
+    torch._dynamo.reset()
+    gc.collect()
+    assert bound() is None, "the finished compile kept the compiled graph alive"
+
+
+def test_uninstall_forgets_this_threads_compiles() -> None:
+    with torch_userstreams.installed():
+        torch.compile(side, backend="aot_eager")(torch.ones(2), SimStream(device="cpu"))
+        assert state.compiles
+    assert state.compiles == []
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("name", ["new_stream", "new_event"])
+def test_dynamos_object_requests_outside_a_compile_raise(name: str) -> None:
+    from torch._dynamo.variables import streams
+
+    before = list(state.compiles)
+    with pytest.raises(NotCompilingError, match=f"Dynamo's {name} was called while"):
+        getattr(streams, name)(device="cpu")
+    assert state.compiles == before, "no compile was made for the stray request"
+
+
+class Waits(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        done = torch.Event(device="cpu")
+        done.wait(torch.Stream(device="cpu"))
+        return x * 2
+
+
+# AOTAutograd calls the sync-ordering pass outside torch.compile too (here in export's
+# decompositions); it raised NotCompilingError there during the redesign.
+@pytest.mark.usefixtures("installed")
+def test_export_decompositions_run_the_sync_passes_without_a_compile() -> None:
+    x = torch.ones(2)
+    decomposed = torch.export.export(Waits(), (x,), strict=True).run_decompositions()
+    targets = [str(node.target) for node in decomposed.graph.nodes]
+    assert "streams.wait_event.default" in targets, targets
+    torch.testing.assert_close(decomposed.module()(x), x * 2)

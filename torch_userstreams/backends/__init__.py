@@ -1,0 +1,86 @@
+"""``torch.compile`` backends that use the package, registered by name via entry points.
+
+* ``userstreams``: Inductor, with the package's table, prologue and passes; a graph that
+  uses streams is compiled region by region and each region runs on its own stream
+  (``inductor_regions``); on CPU it is one Inductor graph without its syncs.
+* ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
+  its annotated stream (``executor``) — for debugging stream programs.
+
+Naming either installs the package: Dynamo resolves a backend name when ``torch.compile``
+is called, before it traces anything, by reading the attribute the entry point names, and
+reading ``userstreams`` / ``userstreams_aot_eager`` here installs (``install()`` is
+idempotent). Importing this module patches nothing; the backends themselves are
+``userstreams_backend`` and ``userstreams_aot_eager_backend``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..compile import graph_compile
+from ..errors import UnsupportedPathError
+
+GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
+
+
+def _compile_of(backend: str) -> graph_compile.GraphCompile:
+    """The graph's compile: Dynamo must have traced it with the package installed."""
+    compile_ = graph_compile.active_or_none()
+    if compile_ is None:
+        from ..patch.install import install
+
+        install()
+        raise UnsupportedPathError(
+            f"torch_userstreams: backend {backend!r} got a graph that Dynamo traced while "
+            "torch_userstreams was not installed (uninstall() was called after the backend "
+            "was resolved). It is installed now: call torch._dynamo.reset() and run again, "
+            "or call torch_userstreams.install() before compiling."
+        )
+    return compile_
+
+
+def userstreams_backend(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], on_graph: GraphHook | None = None
+) -> Any:
+    """Inductor with torch_userstreams installed, each stream region compiled by Inductor
+    and run on its stream. ``on_graph`` (for ``testing.capture``) sees each forward and
+    backward graph before it is compiled."""
+    compile_ = _compile_of("userstreams")
+    from torch._inductor.compile_fx import compile_fx
+
+    from .inductor_regions import compile_fx_with_regions
+    from .regions import has_stream_work
+
+    if not has_stream_work(gm):
+        return compile_fx(gm, example_inputs)
+    return compile_fx_with_regions(gm, example_inputs, compile_.table, on_graph=on_graph)
+
+
+def userstreams_aot_eager_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """AOTAutograd with the package's passes, each node run on its own stream."""
+    _compile_of("userstreams_aot_eager")
+    from torch._dynamo.backends.common import aot_autograd
+
+    from .executor import compile_with_streams
+
+    backend = aot_autograd(fw_compiler=compile_with_streams, bw_compiler=compile_with_streams)
+    return backend(gm, example_inputs)
+
+
+_BY_NAME = {
+    "userstreams": userstreams_backend,
+    "userstreams_aot_eager": userstreams_aot_eager_backend,
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The entry points' names: installs the package, then hands the backend over."""
+    if name in _BY_NAME:
+        from ..patch.install import install
+
+        install()
+        return _BY_NAME[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

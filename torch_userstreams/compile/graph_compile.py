@@ -1,0 +1,295 @@
+"""One graph compile: its table of user objects, its bound graph, and what its passes did.
+
+Native Dynamo registers user objects in process-global tables. The package gives each graph
+compile a ``GraphCompile`` instead, and every registration lands in the table of the graph at
+hand. Which one that is, per thread (``run.state``: the compiles in progress, innermost
+last):
+
+* ``begin_frame()``: Dynamo starts compiling a frame; it gets a fresh compile, which the
+  frame's graph adopts the first time it asks (Dynamo registers the ambient current stream
+  before the graph exists);
+* ``for_output_graph(og)``: the compile of the graph Dynamo traces (a restarted trace, with a
+  new graph, gets a new compile);
+* ``backend_running(compile)``: while the backend compiles the graph, requests from the
+  backend and its passes (``active()``) land in that compile;
+* ``current()``: where a registration made right now belongs: the running backend's
+  compile, else the traced graph's, else the frame's (an error outside any compile).
+
+Objects are requested with their provenance (who asked, for which phase) given by the asker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+
+from ..errors import NotCompilingError
+from ..run.state import compile_in_progress, state
+from . import emitters, factories
+from .table import EntryKind, Phase, UserObjectTable
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did to one FX graph of this compile."""
+
+    pass_name: str
+    changed: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class GraphCompile:
+    """The state of one graph's compile (see the module docstring)."""
+
+    table: UserObjectTable = field(default_factory=UserObjectTable)
+    # The Dynamo OutputGraph this compile belongs to, once adopted. Held weakly: the compile
+    # stays on the thread's stack until the next frame starts, the OutputGraph need not.
+    _output_graph: weakref.ref[Any] | None = None
+    backend_running: bool = False
+    # The graph's BoundGraph once the backend returned, held weakly: the compiled frame
+    # owns it, and a finished compile waits on the stack until the next frame starts.
+    _bound: weakref.ref[Any] | None = None
+    returns_objects: bool = False  # the bytecode after the call returns one of its objects
+    passes: list[PassResult] = field(default_factory=list)
+
+    @property
+    def bound(self) -> Any:
+        return None if self._bound is None else self._bound()
+
+    @bound.setter
+    def bound(self, bound: Any) -> None:
+        self._bound = weakref.ref(bound)
+
+    @property
+    def output_graph(self) -> Any:
+        return None if self._output_graph is None else self._output_graph()
+
+    def adopt(self, output_graph: Any) -> None:
+        self._output_graph = weakref.ref(output_graph)
+        self.table.graph_name = graph_name(output_graph)
+
+    @property
+    def adopted(self) -> bool:
+        return self._output_graph is not None
+
+    def traced_now(self) -> bool:
+        """Dynamo traces this compile's graph on this thread right now."""
+        output = self.output_graph
+        return output is not None and output is _translator_output()
+
+    def example(self, index: int) -> Any:
+        """The compile-time object at ``index`` (what a lookup returns while compiling)."""
+        return self.table.example(index)
+
+    def record_pass(self, result: PassResult) -> None:
+        self.passes.append(result)
+        self.table.pass_notes.extend(f"{result.pass_name}: {note}" for note in result.notes)
+
+    def mark_returns_objects(self) -> None:
+        """The bytecode after the call returns one of its objects: keep the call's binding
+        past the call. Dynamo may emit that bytecode before or after the backend ran."""
+        self.returns_objects = True
+        if self.bound is not None:
+            self.bound.returns_objects = True
+
+    # -- requests -------------------------------------------------------------------------
+
+    def new_stream(
+        self, device: torch.device, *, priority: int = 0, added_by: str, phase: Phase, text: str
+    ) -> int:
+        """A stream created fresh on each call, on ``device``, with ``priority``."""
+        kwargs: dict[str, Any] = {"device": device}
+        if priority:
+            kwargs["priority"] = priority
+        return self._requested(factories.stream_class(device), kwargs, text, added_by, phase)
+
+    def new_event(
+        self,
+        device: torch.device,
+        *,
+        flags: dict[str, bool],
+        added_by: str,
+        phase: Phase,
+        text: str,
+    ) -> int:
+        """An event created fresh on each call, on ``device``, with ``flags`` set."""
+        kwargs: dict[str, Any] = {"device": device, **{k: v for k, v in flags.items() if v}}
+        return self._requested(factories.event_class(device), kwargs, text, added_by, phase)
+
+    def _requested(
+        self, cls: type, kwargs: dict[str, Any], text: str, added_by: str, phase: Phase
+    ) -> int:
+        factory = factories.constructor(cls, (), kwargs)
+        return self.table.add(
+            EntryKind.REQUESTED,
+            text,
+            emitters.from_factory(factory),
+            factory(),
+            added_by=added_by,
+            phase=phase,
+        )
+
+    def current_stream(self, device: torch.device, *, added_by: str) -> int:
+        """The entry of ``device``'s ambient stream at each call, added once and always
+        loaded (a pass or backend reads it by index)."""
+        index = self.current_stream_entry(device, added_by=added_by)
+        self.table.entries[index].always_loaded = True
+        return index
+
+    def current_stream_entry(self, device: torch.device, *, added_by: str) -> int:
+        """Like ``current_stream``, loaded only if a node reads it (Dynamo's registration)."""
+        entry = self.table.find_current_stream(device)
+        if entry is not None:
+            return entry.index
+        if device.type == "cpu":
+            # CPU has no stream switching: its current stream is the default CPU stream.
+            factory = factories.constructor(factories.stream_class(device), (), {"device": device})
+            emit, example = emitters.from_factory(factory), factory()
+        else:
+            emit = emitters.current_stream(device)
+            example = torch.accelerator.current_stream(device)
+        return self.table.add_current_stream(device, emit, example, added_by=added_by)
+
+
+# -- which compile a registration belongs to ------------------------------------------------
+
+
+def _compiles() -> list[GraphCompile]:
+    """This thread's compiles in progress (``run.state`` types them by what it reads)."""
+    return cast("list[GraphCompile]", state.compiles)
+
+
+def begin_frame() -> GraphCompile:
+    """Dynamo starts compiling a frame: compiles no backend is running are dropped (a trace
+    that failed, or made no graph), and the frame gets a fresh one."""
+    compiles = _compiles()
+    compiles[:] = [c for c in compiles if c.backend_running]
+    fresh = GraphCompile()
+    compiles.append(fresh)
+    return fresh
+
+
+def for_output_graph(output_graph: Any) -> GraphCompile:
+    """The compile of ``output_graph``, made or adopted on first use."""
+    compiles = _compiles()
+    for compile_ in reversed(compiles):
+        if compile_.output_graph is output_graph:
+            return compile_
+    top = compiles[-1] if compiles else None
+    if top is None or top.adopted or top.backend_running:
+        top = GraphCompile()
+        compiles.append(top)
+    top.adopt(output_graph)
+    return top
+
+
+def _translator_output() -> Any:
+    from torch._dynamo import symbolic_convert
+
+    tx = getattr(symbolic_convert.tls, "current_tx", None)
+    return None if tx is None else tx.output
+
+
+def current(asker: str) -> GraphCompile:
+    """The compile a registration made right now belongs to (see the module docstring);
+    an error naming ``asker`` when Dynamo compiles nothing on this thread."""
+    running = active_or_none()
+    if running is not None:
+        return running
+    output = _translator_output()
+    if output is not None:
+        return for_output_graph(output)
+    if not _frame_compiling():
+        raise NotCompilingError(
+            f"torch_userstreams: {asker} was called while torch.compile compiles nothing on "
+            "this thread: it registers an object of the graph being compiled."
+        )
+    compiles = _compiles()
+    return compiles[-1] if compiles else begin_frame()
+
+
+def _frame_compiling() -> bool:
+    """Dynamo is compiling a frame on this thread (before its graph exists, too)."""
+    from torch._guards import CompileContext
+
+    return CompileContext.current_compile_id() is not None
+
+
+def active_or_none() -> GraphCompile | None:
+    """The innermost compile whose backend is running on this thread, if any."""
+    running = compile_in_progress()
+    return running if isinstance(running, GraphCompile) and running.backend_running else None
+
+
+def active(api_name: str) -> GraphCompile:
+    """The compile whose backend is running; an error naming ``api_name`` outside one."""
+    running = active_or_none()
+    if running is not None:
+        return running
+    raise NotCompilingError(
+        f"torch_userstreams.{api_name}() was called outside a compile. It requests an "
+        "object for the graph being compiled, so call it from a backend (or a pass it runs) "
+        "while torch.compile is compiling, with torch_userstreams installed."
+    )
+
+
+@contextlib.contextmanager
+def backend_running(compile_: GraphCompile) -> Iterator[None]:
+    """Route requests to ``compile_`` while its backend compiles the graph."""
+    compile_.backend_running = True
+    try:
+        yield
+    finally:
+        compile_.backend_running = False
+
+
+def graph_name(output_graph: Any) -> str:
+    """A stable, readable name: the frame's function and Dynamo's compile id."""
+    try:
+        where = output_graph.root_tx.f_code.co_name
+    except AttributeError:
+        where = "<frame>"
+    try:
+        from torch._guards import CompileContext
+
+        compile_id = CompileContext.current_compile_id()
+        if compile_id is not None:
+            return f"{where} [{compile_id}]"
+    except Exception:  # pragma: no cover - naming must never break a compile
+        pass
+    return f"{where} [c{getattr(output_graph, 'compile_id', None)}]"
+
+
+# -- explain() collects the tables of the graphs compiled meanwhile ----------------------------
+
+
+class _Collecting(threading.local):
+    sink: list[UserObjectTable] | None = None
+
+
+_collecting = _Collecting()
+
+
+def collected(table: UserObjectTable) -> None:
+    """A graph's prologue is built: ``explain()`` (if it listens) gets its table."""
+    if _collecting.sink is not None:
+        _collecting.sink.append(table)
+
+
+@contextlib.contextmanager
+def collecting_tables() -> Iterator[list[UserObjectTable]]:
+    """The tables of the graphs compiled on this thread meanwhile, in compile order."""
+    previous = _collecting.sink
+    sink: list[UserObjectTable] = []
+    _collecting.sink = sink
+    try:
+        yield sink
+    finally:
+        _collecting.sink = previous

@@ -1,0 +1,7 @@
+"""What the package reads and writes on FX graphs, in one place.
+
+* ``meta``: node metadata: the stream a node runs on, its phase (forward or backward), the
+  partitioner's tags, what a pass recorded, the device a node's work runs on;
+* ``ops``: the sync ops (``streams::*``, and the package's own where torch lacks one);
+* ``control_deps``: reading a sync wrapped in ``control_deps``, and its passthroughs.
+"""

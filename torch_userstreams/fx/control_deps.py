@@ -1,0 +1,71 @@
+"""Syncs wrapped in ``control_deps``, read as the sync they issue.
+
+torch >= 2.13 wraps a sync node in ``control_deps(deps, subgraph, *operands)``: the subgraph
+holds the sync op, ``deps`` only orders it, and ``getitem(control_deps, i)`` for i >= 1
+passes ``operands[i - 1]`` through unchanged. ``sync_of`` gives the sync a node issues (a plain
+sync op or such a wrapper); ``alias_of`` gives the value a passthrough stands for.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx
+
+from .ops import is_sync_op
+
+CONTROL_DEPS = "control_deps"
+
+
+@dataclass(eq=False)
+class SyncCall:
+    """One sync op as issued: ``node`` is the op itself or the control_deps wrapping it."""
+
+    node: torch.fx.Node
+    op: Any
+    args: tuple[Any, ...]  # the outer graph's nodes and constants
+
+
+def is_control_deps(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "_name", None) == CONTROL_DEPS
+
+
+def alias_of(node: Any) -> Any:
+    """The value ``node`` stands for: a passthrough is its operand; None for the sync's own
+    (empty) result; anything else is itself."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and is_control_deps(node.args[0])
+    ):
+        index = node.args[1]
+        if not isinstance(index, int) or index == 0:
+            return None
+        node = node.args[0].args[1 + index]
+    return node
+
+
+def is_passthrough(node: torch.fx.Node) -> bool:
+    return alias_of(node) is not node
+
+
+def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
+    """The sync ``node`` issues, or None when it issues none."""
+    if node.op != "call_function":
+        return None
+    if is_sync_op(node.target):
+        return SyncCall(node, node.target, tuple(node.args))
+    if not is_control_deps(node):
+        return None
+    subgraph = getattr(gm, str(node.args[1].target))  # type: ignore[union-attr]
+    operands = iter(node.args[2:])
+    inner: dict[torch.fx.Node, Any] = {}
+    for sub in subgraph.graph.nodes:
+        if sub.op == "placeholder":
+            inner[sub] = next(operands, None)
+        elif sub.op == "call_function" and is_sync_op(sub.target):
+            return SyncCall(node, sub.target, tuple(torch.fx.map_arg(sub.args, inner.get)))
+    raise ValueError(f"control_deps node {node.name} wraps no sync op")

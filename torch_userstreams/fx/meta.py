@@ -1,0 +1,107 @@
+"""Node metadata: the stream a node runs on, its phase, the partitioner's tags, pass records.
+
+* Stream: where Dynamo puts it, ``node.meta["custom"]["stream"]``, an index into the graph's
+  user-object table; no annotation means the current stream.
+* Phase: AOTAutograd tags backward nodes (``partitioner_tag``); the partitioner keeps a node
+  tagged ``must_be_in_forward`` / ``must_be_in_backward`` in that graph.
+* Records: what the package's passes changed on a node, under ``meta["torch_userstreams"]``,
+  so that ``explain()`` and tests can tell which pass added each sync and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+CUSTOM = "custom"
+STREAM = "stream"
+PARTITIONER_TAG = "partitioner_tag"
+BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
+MUST_BE_IN_FORWARD = "must_be_in_forward"
+MUST_BE_IN_BACKWARD = "must_be_in_backward"
+GRADIENT_ACCUMULATION = "is_gradient_acc"
+SEQ_NR = "seq_nr"
+RECORDS = "torch_userstreams"
+
+
+def stream_of(node: torch.fx.Node) -> int | None:
+    """The table index of the stream ``node`` runs on, or None for the current stream."""
+    custom = node.meta.get(CUSTOM)
+    if isinstance(custom, dict):
+        index = custom.get(STREAM)
+        return index if isinstance(index, int) else None
+    return None
+
+
+def set_stream(node: torch.fx.Node, index: int) -> None:
+    custom = node.meta.get(CUSTOM)
+    if not isinstance(custom, dict):
+        custom = node.meta[CUSTOM] = {}
+    custom[STREAM] = index
+
+
+def drop_stream(node: torch.fx.Node) -> torch.fx.Node:
+    """Remove ``node``'s stream annotation; ``node`` is a copy whose meta is shallow."""
+    custom = node.meta.get(CUSTOM)
+    if isinstance(custom, dict) and STREAM in custom:
+        node.meta[CUSTOM] = {k: v for k, v in custom.items() if k != STREAM}
+    return node
+
+
+def is_backward(node: torch.fx.Node) -> bool:
+    return node.meta.get(PARTITIONER_TAG) in BACKWARD_TAGS
+
+
+def is_gradient_accumulation(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get(GRADIENT_ACCUMULATION, False))
+
+
+def mark_phase(node: torch.fx.Node, backward: bool) -> None:
+    """Keep ``node`` in its phase's graph when partitioned. Forward syncs need it too: a sync
+    names only table indices, so the partitioner would copy it into the backward graph (and
+    save its ``control_deps`` wrapper there, which holds no tensor)."""
+    node.meta[PARTITIONER_TAG] = MUST_BE_IN_BACKWARD if backward else MUST_BE_IN_FORWARD
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One change a pass made to a node (or the node it created)."""
+
+    pass_name: str
+    note: str
+
+    def __str__(self) -> str:
+        return f"{self.pass_name}: {self.note}"
+
+
+def record(node: torch.fx.Node, pass_name: str, note: str) -> PassRecord:
+    """Remember on ``node`` what a pass did; returns the record (for the pass's result)."""
+    entry = PassRecord(pass_name, note)
+    node.meta.setdefault(RECORDS, []).append(entry)
+    return entry
+
+
+def records(node: torch.fx.Node) -> list[PassRecord]:
+    return list(node.meta.get(RECORDS, ()))
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [item for item in value if isinstance(item, torch.Tensor)]
+    return []
+
+
+def device_of(node: torch.fx.Node) -> torch.device:
+    """The device a node's work runs on: an accelerator if any tensor it touches lives there.
+
+    A copy between CPU and an accelerator is issued on the accelerator's stream, whichever
+    side its output is on; CPU-only work runs on the host, in program order.
+    """
+    touched = (node, *node.all_input_nodes)
+    devices = [t.device for n in touched for t in tensors(n.meta.get("val"))]
+    return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))

@@ -1,0 +1,49 @@
+"""The sync ops compiled graphs contain.
+
+Dynamo and AOTAutograd express every stream sync as a ``streams::*`` custom op whose integer
+arguments are indices into the graph's user-object table; where torch lacks one, the package
+emits its own, in the ``userstreams`` namespace (``run/own_ops.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAMESPACE = "streams"
+OWN_NAMESPACE = "userstreams"
+_NAMESPACES = frozenset({NAMESPACE, OWN_NAMESPACE})
+
+
+def is_sync_op(target: Any) -> bool:
+    """Whether an FX node target is a stream sync op (``streams::*`` or the package's)."""
+    return getattr(target, "namespace", None) in _NAMESPACES
+
+
+def op_name(target: Any) -> str:
+    """``record_event`` for ``torch.ops.streams.record_event`` (the overload or its packet)."""
+    name = getattr(target, "_opname", None) or getattr(target, "_qualified_op_name", None)
+    return str(name or target).rsplit("::", 1)[-1]
+
+
+def native_op(name: str) -> Any | None:
+    """``torch.ops.streams.<name>.default``, or None where this torch lacks it."""
+    import torch._dynamo.variables.streams  # defines the ops
+
+    try:
+        return getattr(torch.ops.streams, name).default
+    except AttributeError:
+        return None
+
+
+_LOOKUPS = frozenset(
+    {
+        ("torch_userstreams.run.lookup", "lookup"),  # the package's
+        ("torch._dynamo.graph_bytecode_inputs", "get_external_object_by_index"),  # native's
+    }
+)
+
+
+def is_lookup(target: Any) -> bool:
+    """Whether an FX node target reads a user object by index (the package's or native's)."""
+    key = (getattr(target, "__module__", None), getattr(target, "__name__", None))
+    return key in _LOOKUPS

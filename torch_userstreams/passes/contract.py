@@ -1,0 +1,79 @@
+"""The contract of a joint-graph pass: what it needs done before it, what it guarantees after.
+
+A ``GraphPass`` runs on one FX graph with the graph's compile passed in (``run(gm, compile)``,
+returning the notes of what it changed). ``run_passes`` checks that every fact a pass
+requires was ensured by an earlier one on the same graph, records each pass's result on the
+compile, and in debug mode (``TORCH_USERSTREAMS_DEBUG=1``) lints the graph after each pass.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch.fx
+
+from ..compile.graph_compile import GraphCompile, PassResult
+from ..errors import NotCompilingError, UserStreamsError
+
+FACTS = "torch_userstreams.facts"  # gm.meta key: the facts ensured on this graph so far
+DEBUG_ENV = "TORCH_USERSTREAMS_DEBUG"
+
+
+class PassContractError(UserStreamsError):
+    """A pass ran before a pass it depends on."""
+
+
+@dataclass(frozen=True)
+class GraphPass:
+    name: str
+    run: Callable[[torch.fx.GraphModule, GraphCompile], list[str]]
+    requires: frozenset[str] = frozenset()
+    ensures: frozenset[str] = frozenset()
+    # Whether the pass requests objects of the graph's table: only then does it need a
+    # compile in progress (AOTAutograd also runs the passes outside torch.compile, e.g. in
+    # export's decompositions, where the others still apply).
+    needs_compile: bool = False
+
+
+def facts_of(gm: torch.fx.GraphModule) -> set[str]:
+    return gm.meta.setdefault(FACTS, set())  # type: ignore[no-any-return]
+
+
+def run_passes(
+    gm: torch.fx.GraphModule, passes: Iterable[GraphPass], compile_: GraphCompile | None
+) -> None:
+    """Run ``passes`` in order on ``gm``, for ``compile_`` (None: outside torch.compile)."""
+    facts = facts_of(gm)
+    debug = os.environ.get(DEBUG_ENV) == "1"
+    for graph_pass in passes:
+        missing = graph_pass.requires - facts
+        if missing:
+            raise PassContractError(
+                f"torch_userstreams: pass {graph_pass.name} requires {sorted(missing)} on "
+                f"graph {_name(compile_)}, which no earlier pass ensured. The passes ran out "
+                "of order: AOTAutograd's calling sequence changed for this torch."
+            )
+        if compile_ is None:
+            if graph_pass.needs_compile:
+                raise NotCompilingError(
+                    f"torch_userstreams: pass {graph_pass.name} ran outside torch.compile on a "
+                    "graph with user streams; it adds events to the graph's table, which only "
+                    "a compile has. Compile the function with torch.compile instead."
+                )
+            compile_ = GraphCompile()  # records go nowhere: no table is read here
+        notes = graph_pass.run(gm, compile_)
+        if debug:
+            gm.graph.lint()
+        facts |= graph_pass.ensures
+        compile_.record_pass(PassResult(graph_pass.name, bool(notes), tuple(notes)))
+
+
+def _name(compile_: GraphCompile | None) -> str:
+    return "<outside torch.compile>" if compile_ is None else compile_.table.graph_name
+
+
+def ensure(gm: torch.fx.GraphModule, *facts: str) -> None:
+    """Facts that hold without a pass (a graph with nothing for it to do)."""
+    facts_of(gm).update(facts)

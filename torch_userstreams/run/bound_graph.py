@@ -1,0 +1,95 @@
+"""The per-call path of a compiled graph that has user objects.
+
+The prologue of a call leaves the call's binding in this thread's ``pending`` slot; the
+graph's ``BoundGraph`` takes it from there and runs the compiled function with it as the
+thread's current binding, so every ``lookup(i)`` made meanwhile resolves against *this*
+call, whatever other graphs or threads run. Then it hands the binding to the call's
+backward (``after_forward``: ``backward.attach``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import UserObjectError
+from . import native
+from .binding import Binding
+from .state import never_trace, state
+
+# Called after a call whose outputs carry an autograd graph, with the call's binding, its
+# outputs and the autograd sequence numbers of the nodes the call made ([first, last)).
+AfterForward = Callable[[Binding, Any, int, int], bool]
+
+
+class BoundGraph:
+    """Wraps a compiled graph that has user objects: runs each call with its binding.
+
+    The frame calls ``run`` (a closure: cheaper to call than an instance's ``__call__``),
+    which takes the binding the prologue left in this thread's ``pending`` slot.
+    """
+
+    __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "run", "table")
+
+    def __init__(
+        self, fn: Callable[..., Any], table: Any, after_forward: AfterForward | None = None
+    ) -> None:
+        self.fn = fn
+        self.table = table
+        # Hands the call's binding to its backward; returns False when the call made no
+        # autograd node that could hold it (then it is never called again for this graph).
+        self.after_forward = after_forward
+        # Set when the bytecode after the call returns one of the call's objects: only then
+        # does the thread keep this call's binding past the call (until its next call).
+        self.returns_objects = False
+        self.run = runner(self)
+
+    def unbound_call(self) -> UserObjectError:
+        return UserObjectError(
+            f"torch_userstreams: graph {self.table.graph_name} was called without its "
+            "prologue binding its user objects. Call the compiled function, not the "
+            "graph stored in the frame's globals."
+        )
+
+    def __repr__(self) -> str:
+        return f"BoundGraph({self.table.graph_name}, {len(self.table)} user objects)"
+
+
+def runner(bound: BoundGraph) -> Callable[..., Any]:
+    """The per-call path of ``bound``: take the pending binding, run the graph with it
+    as the thread's current binding, then hand it to the backward (``after_forward``)."""
+    thread = state
+    fn = bound.fn
+    tensor = torch.Tensor
+    next_sequence_nr = torch._C._autograd._get_sequence_nr
+
+    def run(*args: Any) -> Any:
+        calls = thread.calls
+        binding = calls.pending
+        if binding is None or binding[0] is not bound:
+            raise bound.unbound_call()
+        calls.pending = None
+        if not native.installed:
+            native.feed(binding)
+        outer = calls.current
+        calls.current = binding
+        first = next_sequence_nr()
+        try:
+            out = fn(*args)
+        finally:
+            calls.current = outer
+        if bound.after_forward is not None:
+            # Only outputs that carry an autograd graph have a backward to hand over to.
+            for item in out if type(out) is tuple or type(out) is list else (out,):
+                if isinstance(item, tensor) and item.grad_fn is not None:
+                    if not bound.after_forward(binding, out, first, next_sequence_nr()):
+                        bound.after_forward = None  # this graph makes no node to hold it
+                    break
+        if bound.returns_objects:
+            calls.last = binding
+        return out
+
+    never_trace(run)
+    return run
