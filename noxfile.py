@@ -16,10 +16,11 @@ import nox
 PYTHON = "3.11" if shutil.which("python3.11") else None
 
 # torch release -> environment for its pip installs. 2.13.0 is a local CPU wheel; 2.11.0,
-# 2.14.1 and 2.15.0 are CUDA builds from PyPI (large) that run on CPU. The machine's global
+# 2.12.1, 2.14.1 and 2.15.0 are CUDA builds from PyPI (large) that run on CPU. The machine's global
 # pip config caps torch at 2.14.1, so 2.15.0 installs with that config switched off.
 TORCH: dict[str, Mapping[str, str]] = {
     "2.11.0": {},
+    "2.12.1": {},
     "2.13.0": {},
     "2.14.1": {},
     "2.15.0": {"PIP_CONFIG_FILE": "/dev/null"},

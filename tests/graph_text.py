@@ -1,6 +1,6 @@
 """A stable text form of joint/forward/backward graphs, for inline expectations.
 
-Syncs wrapped in ``control_deps`` (torch >= 2.13) are shown as the sync itself and the
+Syncs wrapped in ``control_deps`` (torch >= 2.12) are shown as the sync itself and the
 ``getitem`` nodes that re-export values are folded back into those values, so the text is the
 same on every torch version. Each node shows its stream and what our passes recorded on it.
 """
@@ -60,7 +60,7 @@ def output_names(gm: torch.fx.GraphModule) -> list[str]:
 
 def _saved_names(gm: torch.fx.GraphModule, forward_outputs: list[str]) -> dict[str, str]:
     """Backward inputs named as the forward values they are: the partitioner names a saved
-    value after the node that returned it, a control_deps passthrough on torch >= 2.13."""
+    value after the node that returned it, a control_deps passthrough on torch >= 2.12."""
     saved = [n for n in gm.graph.nodes if n.op == "placeholder" and "tangents" not in n.name]
     return dict(zip((n.name for n in saved), forward_outputs[-len(saved) :], strict=False))
 

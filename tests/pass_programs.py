@@ -84,8 +84,9 @@ PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-# torch 2.11's AOTAutograd refuses input mutations under user streams (pytorch#172522).
-INPUT_MUTATION_UNSUPPORTED = torch.__version__.startswith("2.11.")
+# torch 2.11's and 2.12's AOTAutograd refuse input mutations under user streams
+# (pytorch#172522); test_pass_graphs checks that they still do, with torch's clear error.
+INPUT_MUTATION_UNSUPPORTED = torch.__version__.startswith(("2.11.", "2.12."))
 WRAPS_SYNCS = hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node")
 
 

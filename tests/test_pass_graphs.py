@@ -121,7 +121,7 @@ add = add.Tensor(mul_2, mul_5)  @stream 0  # grad_accumulation
 return [mul_6, add]""",
         )
 
-    @unittest.skipUnless(supported("inplace_on_input"), "torch 2.11 refuses it (pytorch#172522)")
+    @unittest.skipUnless(supported("inplace_on_input"), "torch < 2.13 refuses it (pytorch#172522)")
     def test_inplace_on_input(self) -> None:
         self.assertExpectedInline(
             self.graphs("inplace_on_input"),
@@ -322,6 +322,14 @@ def test_gradients_equal_eager_for_every_program(backend: str) -> None:
         got = [c.grad for c in copies if c.requires_grad]
         for g, w in zip(got, want_grads, strict=True):
             torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.skipif(supported("inplace_on_input"), reason="this torch compiles input mutations")
+def test_input_mutation_under_streams_fails_with_torchs_clear_error() -> None:
+    torch_userstreams.install()
+    compiled = torch.compile(PROGRAMS["inplace_on_input"], backend="userstreams_aot_eager")
+    with pytest.raises(RuntimeError, match=r"Mutations on inputs with user-specified streams"):
+        compiled(*clone(inputs("inplace_on_input")))
 
 
 def logged(events: list) -> int:  # type: ignore[type-arg]

@@ -170,7 +170,7 @@ def _same_stream_graph() -> torch.fx.Graph:
 
 @pytest.mark.skipif(
     not hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node"),
-    reason="torch < 2.13 does not wrap syncs in control_deps",
+    reason="torch 2.11 does not wrap syncs in control_deps",
 )
 def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
     graph = torch.fx.Graph()

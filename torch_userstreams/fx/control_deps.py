@@ -1,6 +1,6 @@
 """Syncs wrapped in ``control_deps``, read as the sync they issue.
 
-torch >= 2.13 wraps a sync node in ``control_deps(deps, subgraph, *operands)``: the subgraph
+torch >= 2.12 wraps a sync node in ``control_deps(deps, subgraph, *operands)``: the subgraph
 holds the sync op, ``deps`` only orders it, and ``getitem(control_deps, i)`` for i >= 1
 passes ``operands[i - 1]`` through unchanged. ``sync_of`` gives the sync a node issues (a plain
 sync op or such a wrapper); ``alias_of`` gives the value a passthrough stands for.

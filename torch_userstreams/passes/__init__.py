@@ -8,7 +8,7 @@ and ensures (``contract``); the entry points run them on the compile whose backe
     assign_backward_streams   inherit_streams, grad_accumulation
     insert_backward_syncs     backward_syncs
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
-    wrap_all_sync_nodes_...   sync_ordering (torch >= 2.13; forward-only graphs too)
+    wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too)
 """
 
 from __future__ import annotations

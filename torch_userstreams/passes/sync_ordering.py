@@ -1,7 +1,7 @@
 """Pin sync nodes in place with ``control_deps``, forward and backward kept apart.
 
 Compilers may reorder nodes that have no data dependency, and a sync has none. AOTAutograd
-(2.13+) wraps each sync in a ``control_deps`` node that depends on the work before it on the
+(2.12+) wraps each sync in a ``control_deps`` node that depends on the work before it on the
 same stream. Its walk puts forward and backward nodes into the same per-stream buckets, so a
 backward sync ends up depending on forward values and the partitioner rejects the graph
 ("control_deps was invalid, but is output"). Rule here: the same wrapping, with one set of

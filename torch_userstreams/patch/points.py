@@ -116,7 +116,7 @@ _LAZY_MODULES = (
     "torch._inductor.codegen.wrapper",
 )
 
-# 2.13+ wrap sync nodes in control_deps after the stream passes (2.11/2.12 do not).
+# 2.12+ wrap sync nodes in control_deps after the stream passes (2.11 does not).
 _WRAP_SYNCS = PatchPoint(
     AOT_STREAMS,
     "wrap_all_sync_nodes_with_control_deps",
@@ -127,7 +127,7 @@ _WRAP_SYNCS = PatchPoint(
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
     "2.11": _COMMON,
-    "2.12": _COMMON,
+    "2.12": (*_COMMON, _WRAP_SYNCS),
     "2.13": (*_COMMON, _WRAP_SYNCS),
     "2.14": (*_COMMON, _WRAP_SYNCS),
     "2.15": (*_COMMON, _WRAP_SYNCS),
