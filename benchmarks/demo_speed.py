@@ -25,6 +25,7 @@ import torch_userstreams.patch.install
 from torch_userstreams.demo.config import DemoConfig
 from torch_userstreams.demo.model import Batch, build_model, make_batches, simulated_objects
 from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
+from torch_userstreams.testing.capture import no_compile_caches
 
 from .config import Config
 from .results import Row, ratio_row
@@ -158,18 +159,6 @@ def speed_rows(device: torch.device, steps: int, rounds: int) -> list[Row]:
             details=details,
         ),
     ]
-
-
-@contextlib.contextmanager
-def no_compile_caches() -> Iterator[None]:
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    with (
-        functorch_config.patch(enable_autograd_cache=False),
-        inductor_config.patch(fx_graph_cache=False),
-    ):
-        yield
 
 
 def first_step_s(config: DemoConfig, streams: bool) -> float:

@@ -13,20 +13,11 @@ import sys
 from collections.abc import Callable
 
 import torch
+from helpers import two_stream_step as step
 
 import torch_userstreams
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
-
-
-def step(x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
-    with s1:
-        y = (x * w).sin()
-    s2.wait_stream(s1)
-    with s2:
-        z = y * w + x
-    s1.wait_stream(s2)
-    return z.sum()
 
 
 class _Records(logging.Handler):

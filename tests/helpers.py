@@ -6,6 +6,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+
+def two_stream_step(
+    x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> torch.Tensor:
+    """A training step over two streams, each joined to the other: the thread and cache
+    tests' program."""
+    with s1:
+        y = (x * w).sin()
+    s2.wait_stream(s1)
+    with s2:
+        z = y * w + x
+    s1.wait_stream(s2)
+    return z.sum()
+
 
 def run_threads(worker: Callable[[int], None], count: int) -> None:
     """Run ``worker(i)`` on ``count`` threads at once and wait for all of them."""

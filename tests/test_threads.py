@@ -15,21 +15,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 from helpers import run_threads
+from helpers import two_stream_step as step
 
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
 THREADS, CALLS = 4, 300
-
-
-def step(x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
-    with s1:
-        y = (x * w).sin()
-    s2.wait_stream(s1)
-    with s2:
-        z = y * w + x
-    s1.wait_stream(s2)
-    return z.sum()
 
 
 def expected(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -114,8 +114,9 @@ def _table_of_graph(backend: str) -> UserObjectTable:
 
 
 @contextlib.contextmanager
-def _no_compile_caches() -> Iterator[None]:
-    """A cache hit would skip the compilers, and so the recording."""
+def no_compile_caches() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off: a hit would skip the compilers
+    (and so what capture records, or what a compile-time benchmark times)."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -148,7 +149,7 @@ def capture(
     torch._dynamo.reset()  # not after: ``compiled`` stays callable without a recompile
     result = Capture()
     result.compiled = torch.compile(fn, backend=makers[backend](result))
-    with installed(), _no_compile_caches(), graph_compile.collecting_tables() as tables:
+    with installed(), no_compile_caches(), graph_compile.collecting_tables() as tables:
         result.result = result.compiled(*args, **kwargs)
         _run_backward(result.result)
     result.tables = list(tables)
