@@ -28,6 +28,7 @@ from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
 from torch_userstreams.testing.capture import no_compile_caches
 
 from .config import Config
+from .inductor_gap import mask_store_rows, recompute_bool_masks
 from .results import Row, ratio_row
 from .timing import abba, median
 
@@ -78,9 +79,15 @@ def _steps_per_s(step: Step, batches: list[Batch], device: torch.device, eager: 
         return len(batches) / (time.perf_counter() - start)
 
 
+INDUCTOR = "inductor, no streams"
+MASKS_RECOMPUTED = "inductor, no streams, relu masks recomputed"
+
+
 def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict[str, list[float]]:
     """steps/s of blocks of ``block`` steps, eager / ``userstreams`` / Inductor on the model
-    without streams taking turns (order reversed every round), in one process.
+    without streams taking turns (order reversed every round), in one process. A fourth
+    contender, for reading the gap only, is Inductor on the model without streams whose
+    relu masks are recomputed in the backward instead of saved (``inductor_gap``).
 
     Timing the runs one after the other, as the demo does, compares eager in a fresh process
     with compiled steps taken right after compiling, in a process holding Inductor's
@@ -97,11 +104,16 @@ def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict
         package_model, torch.compile(package_model, backend="userstreams"), config.lr
     )
     plain = build_model(config.dim, config.blocks, device, config.seed, streams=False)
-    steps["inductor, no streams"] = _trainer(
-        plain, torch.compile(plain, backend="inductor"), config.lr
+    steps[INDUCTOR] = _trainer(plain, torch.compile(plain, backend="inductor"), config.lr)
+    recomputed = build_model(config.dim, config.blocks, device, config.seed, streams=False)
+    steps[MASKS_RECOMPUTED] = _trainer(
+        recomputed, torch.compile(recomputed, backend="inductor"), config.lr
     )
     for name, step in steps.items():
-        _steps_per_s(step, batches[:3], device, eager=name == "eager")  # compile, warm up
+        # Compile and warm up; the diagnostic contender compiles with its joint pass.
+        joint_pass = recompute_bool_masks if name == MASKS_RECOMPUTED else None
+        with torch._inductor.config.patch(joint_custom_post_pass=joint_pass):
+            _steps_per_s(step, batches[:3], device, eager=name == "eager")
     samples: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for r in range(rounds):
@@ -136,16 +148,23 @@ def speed_rows(device: torch.device, steps: int, rounds: int) -> list[Row]:
         samples = interleaved_steps_per_s(config, rounds, block=max(10, steps // 6))
     details["blocks_steps_per_s"] = samples
     eager = median(samples["eager"])
-    reference_ratio = median(_ratios(samples, "inductor, no streams"))
     ratio = median(_ratios(samples, "userstreams"))
     return [
         Row(
             BENCH,
             f"steps/s, {device.type}: inductor without streams over eager (reference)",
             eager,
-            median(samples["inductor, no streams"]),
+            median(samples[INDUCTOR]),
             "steps/s",
-            ratio=reference_ratio,
+            ratio=median(_ratios(samples, INDUCTOR)),
+        ),
+        Row(
+            BENCH,
+            f"steps/s, {device.type}: same, relu masks recomputed, over eager (diagnostic)",
+            eager,
+            median(samples[MASKS_RECOMPUTED]),
+            "steps/s",
+            ratio=median(_ratios(samples, MASKS_RECOMPUTED)),
         ),
         Row(
             BENCH,
@@ -203,6 +222,8 @@ def run(config: Config) -> list[Row]:
             devices.append(torch.device("cuda"))
         for device in devices:
             rows.extend(speed_rows(device, steps, rounds))
+            if device.type == "cpu":
+                rows.extend(mask_store_rows())
             torch_userstreams.install()
             rows.extend(compile_rows(device, config.compile_repeats))
     if not was_installed:
