@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import torch_userstreams
 
@@ -88,3 +89,25 @@ def test_live_objects_grow_natively_and_not_with_the_package(
 
 def test_run_leaves_the_process_unpatched(run_output: tuple[list[dict[str, Any]], str]) -> None:
     assert not torch_userstreams.is_installed()
+
+
+def test_the_diagnostic_pass_makes_inductor_save_no_bool_mask() -> None:
+    """The demo's diagnostic contender is only evidence if its joint pass changes what the
+    forward saves for the relu backward: a bool mask natively, a float activation with it."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks.inductor_gap import recompute_bool_masks
+
+    linear = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    saved_dtypes = {}
+    for joint_pass in (None, recompute_bool_masks):
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(joint_custom_post_pass=joint_pass):
+            out = torch.compile(lambda t: torch.relu(linear(t)), backend="inductor")(x)
+        saved_dtypes[joint_pass] = sorted(str(t.dtype) for t in out.grad_fn.saved_tensors)
+    torch._dynamo.reset()
+    assert saved_dtypes == {
+        None: ["torch.bool", "torch.float32"],
+        recompute_bool_masks: ["torch.float32", "torch.float32"],
+    }
