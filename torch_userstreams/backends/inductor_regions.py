@@ -31,6 +31,7 @@ from ..compile.table import UserObjectTable
 from ..fx.control_deps import SyncCall, alias_of
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
+from .donations import true_donations
 from .regions import Region, has_stream_work, region_module, split, without_streams
 
 log = logging.getLogger("torch_userstreams")
@@ -69,9 +70,12 @@ class StreamRegionsCompiler:
             self.on_graph(gm, kwargs)
         if not has_stream_work(gm):
             return self.compile_region(gm, example_inputs, **kwargs)
-        if self.cpu:
-            return self.compile_region(without_streams(gm), example_inputs, **kwargs)
-        return self.partitioned(gm, kwargs)
+        # Passthroughs run as their operands in both paths below: what AOTAutograd counted
+        # as separate saved tensors may now be one tensor, or an input (``donations``).
+        with true_donations(gm, kwargs, regions=not self.cpu):
+            if self.cpu:
+                return self.compile_region(without_streams(gm), example_inputs, **kwargs)
+            return self.partitioned(gm, kwargs)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -1,0 +1,124 @@
+"""The compiled backward may reuse the memory of saved tensors only where that is true at run
+time (``backends/donations.py``).
+
+A sync's passthrough runs as its operand, so a passthrough of an input, or two passthroughs
+of one value, are one tensor. Before the fix, the backward of ``userstreams`` reused such
+"donated" saved tensors in place: wrong gradients on CPU (``event_after_side_work``), and the
+caller's leaf tensors overwritten on an accelerator (``wait_on_current``). Both found by a
+hostile test pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torch_userstreams
+from torch_userstreams.backends import donations
+from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+BACKENDS = ("userstreams", "userstreams_aot_eager")
+
+
+def event_after_side_work(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, side: torch.Stream, ev: torch.Event
+) -> torch.Tensor:
+    with side:
+        h = torch.relu(x @ a)
+    ev.record(side)
+    ev.wait(side)
+    return ((x @ b) * h).sum()
+
+
+def wait_on_current(
+    x: torch.Tensor, w: torch.Tensor, side: torch.Stream, ev: torch.Event
+) -> torch.Tensor:
+    with side:
+        h = (x * w).sin()
+    ev.record(side)
+    ev.wait(torch.accelerator.current_stream())
+    return (h * w + x).sum()
+
+
+def leaves(count: int, shape: tuple[int, ...]) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=gen, requires_grad=True) for _ in range(count)]
+
+
+def grads_and_leaves(
+    fn: Callable[..., torch.Tensor], tensors: list[torch.Tensor], *objects: Any
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(gradients, the leaves' values after backward) of ``fn`` on copies of ``tensors``."""
+    copies = [t.detach().clone().requires_grad_() for t in tensors]
+    fn(*copies, *objects).backward()
+    return [c.grad for c in copies], [c.detach() for c in copies]  # type: ignore[misc]
+
+
+@pytest.fixture
+def fresh_compiles() -> Iterator[None]:
+    """Inductor's caches off, so every compile runs the backend (a hit would skip it)."""
+    torch_userstreams.install()
+    with no_compile_caches():
+        yield
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_backward_keeps_saved_passthroughs_apart(backend: str) -> None:
+    tensors = leaves(3, (4, 4))
+    expected, _ = grads_and_leaves(event_after_side_work, tensors, SimStream(), SimEvent())
+    compiled = torch.compile(event_after_side_work, backend=backend)
+    got, _ = grads_and_leaves(compiled, tensors, SimStream(), SimEvent())
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accelerator_backward_leaves_the_callers_leaves_alone(backend: str) -> None:
+    tensors = leaves(2, (8,))
+    with fake_accelerator():
+        expected, _ = grads_and_leaves(
+            wait_on_current, tensors, FakeAcceleratorStream(), FakeAcceleratorEvent()
+        )
+        compiled = torch.compile(wait_on_current, backend=backend)
+        got, after = grads_and_leaves(
+            compiled, tensors, FakeAcceleratorStream(), FakeAcceleratorEvent()
+        )
+    torch.testing.assert_close(after, [t.detach() for t in tensors])
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_backward_cached_with_other_donations_is_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The FX graph cache key leaves donations out: without the package's tag, the second
+    compile below loaded the first one's backward, which donates every saved tensor."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch_userstreams.install()
+    tensors = leaves(3, (4, 4))
+    expected, _ = grads_and_leaves(event_after_side_work, tensors, SimStream(), SimEvent())
+
+    def run() -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        compiled = torch.compile(event_after_side_work, backend="userstreams")
+        return grads_and_leaves(compiled, tensors, SimStream(), SimEvent())[0]
+
+    with inductor_config.patch(fx_graph_cache=True):
+        with monkeypatch.context() as undo:
+            # What AOTAutograd decided, unamended: the backward that got gradients wrong.
+            undo.setattr(donations, "drop_aliased_donations", lambda gm: None)
+            wrong = run()
+        assert not all(torch.allclose(w, e) for w, e in zip(wrong, expected, strict=True))
+        torch.testing.assert_close(run(), expected)
