@@ -66,8 +66,27 @@ def userstreams_aot_eager_backend(gm: torch.fx.GraphModule, example_inputs: list
 
     from .executor import compile_with_streams
 
-    backend = aot_autograd(fw_compiler=compile_with_streams, bw_compiler=compile_with_streams)
+    backend = aot_autograd(
+        fw_compiler=compile_with_streams,
+        bw_compiler=compile_with_streams,
+        partition_fn=partition_for_executor,
+    )
     return backend(gm, example_inputs)
+
+
+def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+    """``aot_eager``'s partitioner, except for a checkpointed graph: there it refuses any
+    impure forward node, and every sync is one. Such a graph is partitioned as
+    ``userstreams`` partitions it (min-cut, which keeps impure nodes in the forward)."""
+    from torch._functorch.partitioners import (
+        default_partition,
+        min_cut_rematerialization_partition,
+        must_recompute,
+    )
+
+    if any(must_recompute(node) for node in joint.graph.nodes):
+        return min_cut_rematerialization_partition(joint, inputs, **kwargs)
+    return default_partition(joint, inputs, **kwargs)
 
 
 _BY_NAME = {

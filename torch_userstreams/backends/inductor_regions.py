@@ -28,11 +28,19 @@ import torch
 import torch.fx
 
 from ..compile.table import UserObjectTable
+from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from .donations import true_donations
-from .regions import Region, has_stream_work, region_module, split, without_streams
+from .regions import (
+    Region,
+    has_stream_work,
+    region_module,
+    split,
+    syncs_in_subgraphs,
+    without_streams,
+)
 
 log = logging.getLogger("torch_userstreams")
 
@@ -107,6 +115,7 @@ class StreamRegionsCompiler:
         kwargs: dict[str, Any],
         strides: _OutputStrides,
     ) -> Step | None:
+        _refuse_syncs_in_subgraphs(gm, region, self.table)
         module = region_module(gm, region)
         if not module.outputs:
             return None  # nothing it makes is used: no work to launch
@@ -123,6 +132,22 @@ class StreamRegionsCompiler:
             tuple(Ref(slots[node]) for node in module.inputs),
             stream=region.stream,
             outputs=tuple(slots[node] for node in module.outputs),
+        )
+
+
+def _refuse_syncs_in_subgraphs(
+    gm: torch.fx.GraphModule, region: Region, table: UserObjectTable | None
+) -> None:
+    """A region goes to Inductor whole, subgraphs included, and Inductor mis-orders a sync
+    inside a subgraph (it freed the branch's inputs before the kernel that read them)."""
+    for construct, op in syncs_in_subgraphs(gm, region):
+        name = table.graph_name if table is not None else "<graph>"
+        raise UnsupportedPathError(
+            f"torch_userstreams: graph {name}: an event is recorded or waited ({op}) inside "
+            f"a {construct} body, on accelerator streams. Backend 'userstreams' runs each "
+            f"stream region through Inductor, which cannot issue a sync inside a {construct} "
+            "body. Record and wait the event outside the construct, or compile this "
+            "function with backend='userstreams_aot_eager'."
         )
 
 

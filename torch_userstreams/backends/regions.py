@@ -157,6 +157,29 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
     return RegionModule(module, inputs, outputs)
 
 
+def syncs_in_subgraphs(gm: torch.fx.GraphModule, region: Region) -> Iterator[tuple[str, str]]:
+    """(construct, sync op) for each sync inside a subgraph a node of ``region`` calls (a
+    ``torch.cond`` branch, a ``nested_compile_region`` body)."""
+    for node in region.nodes:
+        for used in node.all_input_nodes:
+            sub = getattr(gm, str(used.target), None) if used.op == "get_attr" else None
+            if isinstance(sub, torch.fx.GraphModule):
+                construct = getattr(node.target, "__name__", str(node.target))
+                for op in _sync_ops(sub):
+                    yield construct, op
+
+
+def _sync_ops(gm: torch.fx.GraphModule) -> Iterator[str]:
+    for node in gm.graph.nodes:
+        step = sync_of(gm, node)
+        if step is not None:
+            yield getattr(step.op, "__name__", str(step.op))
+        elif node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                yield from _sync_ops(sub)
+
+
 def has_stream_work(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` (or a subgraph it calls) has a stream annotation or a sync."""
     for node in gm.graph.nodes:

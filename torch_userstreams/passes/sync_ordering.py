@@ -27,6 +27,7 @@ from .contract import GraphPass
 NAME = "sync_ordering"
 PIN_NAME = "pin_syncs"
 Buckets = dict[int | None, list[torch.fx.Node]]
+AC_TAGS = ("recompute", "ac_graph_id")  # what torch.utils.checkpoint's tracing sets
 _CARRY_THEIR_TENSOR = frozenset({"sync_dealloc", "record_stream"})
 
 
@@ -60,6 +61,16 @@ def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
     mark_phase(control, backward)
 
 
+def _saved_not_recomputed(control: torch.fx.Node) -> None:
+    """A passthrough re-exports a value for ordering only; torch copies its operand's
+    meta onto it, activation-checkpoint tags included. Tagged "recompute", it could be
+    neither recomputed (its ``control_deps`` is impure) nor saved, and the partitioner
+    rejected every checkpointed function that synced or fed another stream."""
+    for user in control.users:
+        for key in AC_TAGS:
+            user.meta.pop(key, None)
+
+
 def pin_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     """Tag every sync of the joint graph with its phase."""
     notes = []
@@ -90,12 +101,16 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             if deps:
                 recorded = _wrap_sync_node(gm, node, deps, visited)[0]
                 _keep_in_phase(recorded, backward)
+                _saved_not_recomputed(recorded)
                 notes.append(f"{node.name} after {len(deps)} node(s) [{recorded.name}]")
             if node.target is torch.ops.streams.record_event.default:
                 # A wait depends on its record, wrapped or not (a record with no earlier
                 # work on its stream stays a plain node).
                 records[node.args[0]] = recorded  # type: ignore[index]
-        elif node.op == "call_function" and "val" in node.meta:
+        elif node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
+            # Work a sync orders is a tensor: a multi-output node (``torch.cond``, a split)
+            # is ordered through the getitems that follow it. As a dependency of its own it
+            # had a user besides getitem, and the partitioner took it for a tensor.
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following
     if notes:
