@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._functorch._aot_autograd.streams as aot_streams
 
 import torch_userstreams
 from torch_userstreams.backends import donations
@@ -76,9 +77,11 @@ def fresh_compiles() -> Iterator[None]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cpu_backward_keeps_saved_passthroughs_apart(backend: str) -> None:
     tensors = leaves(3, (4, 4))
-    expected, _ = grads_and_leaves(event_after_side_work, tensors, SimStream(), SimEvent())
+    expected, _ = grads_and_leaves(
+        event_after_side_work, tensors, SimStream(device="cpu"), SimEvent(device="cpu")
+    )
     compiled = torch.compile(event_after_side_work, backend=backend)
-    got, _ = grads_and_leaves(compiled, tensors, SimStream(), SimEvent())
+    got, _ = grads_and_leaves(compiled, tensors, SimStream(device="cpu"), SimEvent(device="cpu"))
     torch.testing.assert_close(got, expected)
 
 
@@ -98,6 +101,11 @@ def test_accelerator_backward_leaves_the_callers_leaves_alone(backend: str) -> N
     torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.skipif(
+    not hasattr(aot_streams, "_wrap_sync_node"),
+    reason="torch 2.11 does not wrap syncs in control_deps: no passthroughs, so the "
+    "unamended donations this test caches first are right there",
+)
 def test_a_backward_cached_with_other_donations_is_not_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,12 +116,16 @@ def test_a_backward_cached_with_other_donations_is_not_served(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch_userstreams.install()
     tensors = leaves(3, (4, 4))
-    expected, _ = grads_and_leaves(event_after_side_work, tensors, SimStream(), SimEvent())
+    expected, _ = grads_and_leaves(
+        event_after_side_work, tensors, SimStream(device="cpu"), SimEvent(device="cpu")
+    )
 
     def run() -> list[torch.Tensor]:
         torch._dynamo.reset()
         compiled = torch.compile(event_after_side_work, backend="userstreams")
-        return grads_and_leaves(compiled, tensors, SimStream(), SimEvent())[0]
+        return grads_and_leaves(compiled, tensors, SimStream(device="cpu"), SimEvent(device="cpu"))[
+            0
+        ]
 
     with inductor_config.patch(fx_graph_cache=True):
         with monkeypatch.context() as undo:
