@@ -75,8 +75,8 @@ def userstreams_aot_eager_backend(gm: torch.fx.GraphModule, example_inputs: list
 
 
 def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
-    """``aot_eager``'s partitioner, except for a checkpointed graph: there it refuses any
-    impure forward node, and every sync is one. Such a graph is partitioned as
+    """``aot_eager``'s partitioner, except for a checkpointed graph with syncs: there it
+    refuses any impure forward node, and every sync is one. Such a graph is partitioned as
     ``userstreams`` partitions it (min-cut, which keeps impure nodes in the forward)."""
     from torch._functorch.partitioners import (
         default_partition,
@@ -84,7 +84,12 @@ def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: A
         must_recompute,
     )
 
-    if any(must_recompute(node) for node in joint.graph.nodes):
+    from ..fx.control_deps import is_control_deps
+    from ..fx.ops import is_sync_op
+
+    nodes = joint.graph.nodes
+    syncs = any(is_sync_op(n.target) or is_control_deps(n) for n in nodes)
+    if syncs and any(must_recompute(node) for node in nodes):
         return min_cut_rematerialization_partition(joint, inputs, **kwargs)
     return default_partition(joint, inputs, **kwargs)
 

@@ -32,7 +32,7 @@ from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
-from .donations import true_donations
+from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
     has_stream_work,
@@ -77,7 +77,9 @@ class StreamRegionsCompiler:
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         if not has_stream_work(gm):
-            return self.compile_region(gm, example_inputs, **kwargs)
+            # Its forward may have had stream work, and its donations been amended.
+            with keyed_by_donations() if kwargs.get("is_backward") else contextlib.nullcontext():
+                return self.compile_region(gm, example_inputs, **kwargs)
         # Passthroughs run as their operands in both paths below: what AOTAutograd counted
         # as separate saved tensors may now be one tensor, or an input (``donations``).
         with true_donations(gm, kwargs, regions=not self.cpu):

@@ -61,6 +61,13 @@ def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
     mark_phase(control, backward)
 
 
+def _multi_output(node: torch.fx.Node) -> bool:
+    """A node whose value is a tuple (``torch.cond``, a split) is ordered through the
+    getitems that follow it. As a dependency of its own it had a user besides getitem, and
+    the partitioner took it for a tensor."""
+    return isinstance(node.meta["val"], (tuple, list))
+
+
 def _saved_not_recomputed(control: torch.fx.Node) -> None:
     """A passthrough re-exports a value for ordering only; torch copies its operand's
     meta onto it, activation-checkpoint tags included. Tagged "recompute", it could be
@@ -107,10 +114,7 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
                 # A wait depends on its record, wrapped or not (a record with no earlier
                 # work on its stream stays a plain node).
                 records[node.args[0]] = recorded  # type: ignore[index]
-        elif node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
-            # Work a sync orders is a tensor: a multi-output node (``torch.cond``, a split)
-            # is ordered through the getitems that follow it. As a dependency of its own it
-            # had a user besides getitem, and the partitioner took it for a tensor.
+        elif node.op == "call_function" and "val" in node.meta and not _multi_output(node):
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following
     if notes:
