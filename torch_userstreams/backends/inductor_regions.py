@@ -35,6 +35,7 @@ from ..run.plan import Program, Ref, Step
 from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
+    has_side_effects,
     has_stream_work,
     region_module,
     split,
@@ -119,8 +120,8 @@ class StreamRegionsCompiler:
     ) -> Step | None:
         _refuse_syncs_in_subgraphs(gm, region, self.table)
         module = region_module(gm, region)
-        if not module.outputs:
-            return None  # nothing it makes is used: no work to launch
+        if not module.outputs and not has_side_effects(region):
+            return None  # nothing it makes is used or written: no work to launch
         region_kwargs = dict(kwargs)
         region_kwargs["cudagraphs"] = _no_cudagraphs()
         region_kwargs["static_input_idxs"] = [

@@ -41,6 +41,12 @@ class Region:
     nodes: list[torch.fx.Node] = field(default_factory=list)
 
 
+def has_side_effects(region: Region) -> bool:
+    """Whether ``region`` writes something (an input's write-back ``copy_``, a buffer
+    update) even when nothing it makes is read outside it."""
+    return any(_pinned(node) for node in region.nodes)
+
+
 def _pinned(node: torch.fx.Node) -> bool:
     """Nodes that must not move earlier: mutations and other side effects."""
     target = node.target
@@ -114,6 +120,17 @@ def split(gm: torch.fx.GraphModule) -> list[Step]:
     return grouping.steps
 
 
+def _size_symbols(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The graph's symbolic-size inputs. Every region takes them: Inductor finds a size
+    symbol from an input's shape only where it stands alone, and a region's input may have
+    the shape ``(s0*s1,)``."""
+    return [
+        node
+        for node in gm.graph.find_nodes(op="placeholder")
+        if isinstance(node.meta.get("val"), torch.SymInt)
+    ]
+
+
 def _values_read(nodes: list[torch.fx.Node]) -> Iterator[torch.fx.Node]:
     for node in nodes:
         yield from node.all_input_nodes
@@ -135,7 +152,7 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     inputs: list[torch.fx.Node] = []
-    for used in _values_read(region.nodes):
+    for used in (*_size_symbols(gm), *_values_read(region.nodes)):
         value = alias_of(used)
         if value in members or used in env:
             continue

@@ -1,0 +1,90 @@
+"""``userstreams`` on accelerator streams, where each graph runs as per-stream regions:
+cases a hostile test pass found (on the fake accelerator; the CPU path was right).
+
+* A region whose only work is a write (an input's write-back ``copy_``, a buffer update)
+  was never launched, because nothing it made was read outside it: the mutation was lost.
+* With symbolic sizes, a region whose input had the shape ``(s0*s1,)`` could not be
+  compiled: Inductor found no ``s0`` and ``s1`` of their own among its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import torch_userstreams
+from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+
+@pytest.fixture(autouse=True)
+def accelerator() -> Iterator[None]:
+    """Fresh compiles (a cache hit would skip the backend) on the fake accelerator."""
+    torch_userstreams.install()
+    with fake_accelerator(), no_compile_caches():
+        yield
+
+
+def mutate_input_beside_side_work(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = torch.ones(3) * 2
+    x.mul_(3)
+    return y
+
+
+def test_a_mutated_input_is_written_back() -> None:
+    eager, compiled = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0])
+    mutate_input_beside_side_work(eager, FakeAcceleratorStream())
+    out = torch.compile(mutate_input_beside_side_work, backend="userstreams")(
+        compiled, FakeAcceleratorStream()
+    )
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
+class NormAfterSideWork(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, x: torch.Tensor, s: torch.Stream, e: torch.Event) -> torch.Tensor:
+        with s:
+            y = x * 2
+        e.record(s)
+        e.wait(torch.accelerator.current_stream())
+        return self.norm(y)  # type: ignore[no-any-return]
+
+
+def test_batchnorm_running_stats_update_after_an_event_wait() -> None:
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    eager, module = NormAfterSideWork(), NormAfterSideWork()
+    eager(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
+    torch.compile(module, backend="userstreams")(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
+    torch.testing.assert_close(module.norm.running_mean, eager.norm.running_mean)
+    torch.testing.assert_close(module.norm.running_var, eager.norm.running_var)
+    assert module.norm.num_batches_tracked.item() == 1
+
+
+def flatten_on_second_stream(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
+    with s1:
+        a = x.sin()
+    with s2:
+        b = a.reshape(-1) * 3
+    return b
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic=True", "recompiled-dynamic"])
+def test_symbolic_sizes_reach_every_region(dynamic: bool | None) -> None:
+    """``None``: the second batch size makes Dynamo recompile with symbolic sizes, as a
+    training loop with a short last batch does."""
+    compiled = torch.compile(flatten_on_second_stream, backend="userstreams", dynamic=dynamic)
+    for rows in (3, 5):
+        x = torch.randn(rows, 4, requires_grad=True)
+        compiled(x, FakeAcceleratorStream(), FakeAcceleratorStream()).sum().backward()
+        torch.testing.assert_close(x.grad, 3 * x.detach().cos())
