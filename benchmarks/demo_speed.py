@@ -149,23 +149,15 @@ def speed_rows(device: torch.device, steps: int, rounds: int) -> list[Row]:
     details["blocks_steps_per_s"] = samples
     eager = median(samples["eager"])
     ratio = median(_ratios(samples, "userstreams"))
+
+    def untargeted(name: str, what: str) -> Row:
+        ratio = median(_ratios(samples, name))
+        case = f"steps/s, {device.type}: {what}"
+        return Row(BENCH, case, eager, median(samples[name]), "steps/s", ratio=ratio)
+
     return [
-        Row(
-            BENCH,
-            f"steps/s, {device.type}: inductor without streams over eager (reference)",
-            eager,
-            median(samples[INDUCTOR]),
-            "steps/s",
-            ratio=median(_ratios(samples, INDUCTOR)),
-        ),
-        Row(
-            BENCH,
-            f"steps/s, {device.type}: same, relu masks recomputed, over eager (diagnostic)",
-            eager,
-            median(samples[MASKS_RECOMPUTED]),
-            "steps/s",
-            ratio=median(_ratios(samples, MASKS_RECOMPUTED)),
-        ),
+        untargeted(INDUCTOR, "inductor without streams over eager (reference)"),
+        untargeted(MASKS_RECOMPUTED, "same, relu masks recomputed, over eager (diagnostic)"),
         Row(
             BENCH,
             case,
