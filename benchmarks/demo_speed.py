@@ -28,7 +28,7 @@ from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
 from torch_userstreams.testing.capture import no_compile_caches
 
 from .config import Config
-from .inductor_gap import mask_store_rows, recompute_bool_masks
+from .inductor_gap import compile_with_masks_recomputed, mask_store_rows
 from .results import Row, ratio_row
 from .timing import abba, median
 
@@ -107,13 +107,10 @@ def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict
     steps[INDUCTOR] = _trainer(plain, torch.compile(plain, backend="inductor"), config.lr)
     recomputed = build_model(config.dim, config.blocks, device, config.seed, streams=False)
     steps[MASKS_RECOMPUTED] = _trainer(
-        recomputed, torch.compile(recomputed, backend="inductor"), config.lr
+        recomputed, compile_with_masks_recomputed(recomputed), config.lr
     )
-    for name, step in steps.items():
-        # Compile and warm up; the diagnostic contender compiles with its joint pass.
-        joint_pass = recompute_bool_masks if name == MASKS_RECOMPUTED else None
-        with torch._inductor.config.patch(joint_custom_post_pass=joint_pass):
-            _steps_per_s(step, batches[:3], device, eager=name == "eager")
+    for name, step in steps.items():  # compile and warm up
+        _steps_per_s(step, batches[:3], device, eager=name == "eager")
     samples: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for r in range(rounds):

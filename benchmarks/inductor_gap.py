@@ -47,6 +47,19 @@ class RecomputeBoolMasks(CustomGraphPass):
 recompute_bool_masks = RecomputeBoolMasks()
 
 
+def compile_with_masks_recomputed(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.compile`` with Inductor and ``recompute_bool_masks``, as its own backend.
+
+    The pass goes in the backend's options, not in a config patch around the first call:
+    Dynamo keeps compiled code per code object, so a second model of a class already
+    compiled with plain Inductor would reuse that graph, bool masks and all, and the
+    contender would measure plain Inductor under another name. A backend of its own
+    fails Dynamo's backend guard, so it compiles afresh.
+    """
+    options = {"joint_custom_post_pass": recompute_bool_masks}
+    return torch.compile(fn, backend="inductor", options=options)
+
+
 def _compiled_call_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
     compiled = torch.compile(fn, backend="inductor")
     warm_up(compiled, (x,), 200)
