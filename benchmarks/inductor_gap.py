@@ -4,11 +4,14 @@ On CPU the package hands Inductor the demo's graph whole, without syncs, so the 
 steps/s can only be Inductor's. Two measurements say why that is below eager at the demo's
 size (dim 64, batch 64, one thread):
 
-* ``mask_store_rows``: Inductor's CPU kernel that writes a 1-byte mask (``x <= 0``, the
-  mask the relu backward needs) against the same kernel writing the mask as float32. The
-  training forward saves such a mask per relu; on AVX2 that store goes through a per-lane
-  branching conversion (``VecMask<float,1>::store(bool*)``), tens of microseconds per 4,096
-  elements where the float store takes about one.
+* ``mask_rows``: Inductor's CPU kernel that writes a 1-byte mask (``x <= 0``, the
+  mask the relu backward needs) against the same kernel writing the mask as float32, and
+  the relu backward's ``where`` reading that mask against comparing the float activation.
+  The training forward saves such a mask per relu (eager saves the activation); on AVX2
+  the store goes through a per-lane branching conversion
+  (``VecMask<float,1>::store(bool*)``), tens of microseconds per 4,096 elements where the
+  float store takes about one; reading the mask back costs about what comparing the
+  floats does.
 * ``recompute_bool_masks``: a joint-graph pass that marks every bool node for recompute, so
   the partitioner saves the float activation instead and the backward recomputes the mask
   in registers. Used only for a diagnostic contender in ``demo_speed``; the package never
@@ -60,25 +63,44 @@ def compile_with_masks_recomputed(fn: Callable[..., torch.Tensor]) -> Callable[.
     return torch.compile(fn, backend="inductor", options=options)
 
 
-def _compiled_call_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+def _compiled_call_us(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> float:
     compiled = torch.compile(fn, backend="inductor")
-    warm_up(compiled, (x,), 200)
-    return median([per_call_ns(compiled, (x,), 500) for _ in range(7)]) / 1_000
+    warm_up(compiled, args, 200)
+    return median([per_call_ns(compiled, args, 500) for _ in range(7)]) / 1_000
 
 
-def mask_store_rows() -> list[Row]:
-    """us per call of Inductor's ``x <= 0`` stored as bool against stored as float32."""
-    x = torch.randn(64, 64)
+def _mask_row(case: str, reference_us: float, bool_us: float, note: str) -> Row:
+    return Row(
+        BENCH,
+        case,
+        reference_us,
+        bool_us,
+        "us",
+        ratio=bool_us / reference_us,
+        details={"note": f"whole compiled calls; the difference is {note}"},
+    )
+
+
+def mask_rows() -> list[Row]:
+    """us per call of Inductor kernels that write, then read, a 64x64 relu mask as bool,
+    against the same kernels on float32: what the demo's relu backward costs compiled."""
+    x, grad = torch.randn(64, 64), torch.randn(64, 64)
     as_float = _compiled_call_us(lambda t: (t <= 0).float(), x)
     as_bool = _compiled_call_us(lambda t: t <= 0, x)
+    from_compare = _compiled_call_us(lambda g, t: torch.where(t <= 0, 0.0, g), grad, x)
+    from_mask = _compiled_call_us(lambda g, m: torch.where(m, 0.0, g), grad, x <= 0)
     return [
-        Row(
-            BENCH,
+        _mask_row(
             "inductor cpu kernel, 64x64 relu mask: stored as bool over as float32 (reference)",
             as_float,
             as_bool,
-            "us",
-            ratio=as_bool / as_float,
-            details={"note": "whole compiled calls; the difference is the store"},
-        )
+            "the store",
+        ),
+        _mask_row(
+            "inductor cpu kernel, relu backward: reading a bool mask over comparing floats "
+            "(reference)",
+            from_compare,
+            from_mask,
+            "reading the mask",
+        ),
     ]
