@@ -25,3 +25,25 @@ class UserObjectError(UserStreamsError):
 
 class UnsupportedPathError(UserStreamsError):
     """A torch.compile path that cannot honour per-call user objects."""
+
+
+def compiled_autograd_hint() -> str:
+    """A sentence for errors met while compiled autograd is on, or "".
+
+    Compiled autograd traces the backward again, as a graph of its own that runs none of
+    the nodes' per-call bindings, so a user object the backward looks up is not there.
+    """
+    import sys
+
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    active = module is not None and (
+        getattr(module, "compiled_autograd_enabled", False)
+        or getattr(module, "in_compiled_autograd_region", False)
+    )
+    if not active:
+        return ""
+    return (
+        " Compiled autograd is on: it retraces the backward without the forward call's "
+        "user objects, which torch_userstreams does not support. Run the backward of "
+        "stream graphs without compiled autograd."
+    )

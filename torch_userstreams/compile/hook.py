@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedPathError, UserObjectError
+from ..errors import UnsupportedPathError, UserObjectError, compiled_autograd_hint
 from ..run.backward import attach
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
@@ -80,6 +80,12 @@ def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
         known = 0 <= index < len(table)
         if not known or not isinstance(table.entries[index].example, torch.Stream):
             what = table.entries[index].describe().strip() if known else "nothing"
+            hint = compiled_autograd_hint()
+            if hint:
+                raise UserObjectError(
+                    f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
+                    f"annotated to run on stream {index}, which is not in its table.{hint}"
+                )
             raise UserObjectError(
                 f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
                 f"annotated to run on stream {index}, but entry {index} of its table is "

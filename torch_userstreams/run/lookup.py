@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UserObjectError
+from ..errors import UserObjectError, compiled_autograd_hint
 from . import native
 from .backward import backward_binding
 from .binding import resolve
@@ -43,6 +43,7 @@ def lookup(index: int) -> Any:
     raise UserObjectError(
         f"torch_userstreams.lookup({index!r}) was called outside any compiled call: user "
         "objects are only bound while a compiled graph (or its backward) runs."
+        + compiled_autograd_hint()
     )
 
 

@@ -1,0 +1,98 @@
+"""Syncs a user writes in a custom ``autograd.Function``'s backward run in the backward.
+
+Such a sync reaches AOTAutograd's joint graph without the backward's tag (it has no
+tensor to carry it), and the package took untagged syncs for forward ones: the event was
+recorded and waited during the forward call and never during ``backward()`` — on a GPU,
+a silent race — and ``userstreams`` crashed at run time (``UnboundLocalError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import torch_userstreams
+from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+OBJECTS: dict[str, Any] = {}
+
+
+class SyncInBackward(torch.autograd.Function):
+    """``sin`` forward; its backward passes the gradient through and syncs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        OBJECTS["event"].record(OBJECTS["side"])
+        OBJECTS["event"].wait(OBJECTS["main"])
+        return grad
+
+
+def loss(x: torch.Tensor) -> torch.Tensor:
+    return SyncInBackward.apply(x * 2).sum()  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def objects(where: str) -> Iterator[None]:
+    torch_userstreams.install()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(no_compile_caches())
+        if where == "fake accelerator":
+            stack.enter_context(fake_accelerator())
+            OBJECTS.update(
+                side=FakeAcceleratorStream(),
+                event=FakeAcceleratorEvent(),
+                main=torch.accelerator.current_stream(),
+            )
+        else:
+            OBJECTS.update(side=SimStream(device="cpu"), event=SimEvent(device="cpu"))
+            OBJECTS["main"] = SimStream(device="cpu")
+        try:
+            yield
+        finally:
+            OBJECTS.clear()
+
+
+@pytest.mark.parametrize("where", ["cpu", "fake accelerator"])
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_sync_in_a_custom_backward_runs_in_the_backward(backend: str, where: str) -> None:
+    with objects(where):
+        x = torch.randn(5, requires_grad=True)
+        out = torch.compile(loss, backend=backend)(x)
+        after_forward = [name for name, _ in OBJECTS["event"].log]
+        out.backward()
+        after_backward = [name for name, _ in OBJECTS["event"].log]
+    assert (after_forward, after_backward) == ([], ["record", "wait"])
+    torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+
+
+def side_then_main(x: torch.Tensor, w: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        y = (x * w).sin()
+    return (y * w).sum()
+
+
+def test_compiled_autograd_over_a_stream_backward_is_refused_by_name() -> None:
+    """Compiled autograd retraces the backward without the forward call's binding. The
+    error said only "outside any compiled call"; it now names compiled autograd."""
+    with objects("cpu"):
+        x, w = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+        loss_ = torch.compile(side_then_main, backend="userstreams")(x, w, OBJECTS["side"])
+        from torch._dynamo import compiled_autograd
+
+        with pytest.raises(Exception, match="Compiled autograd is on"):
+            with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+                loss_.backward()
