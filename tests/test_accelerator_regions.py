@@ -88,3 +88,24 @@ def test_symbolic_sizes_reach_every_region(dynamic: bool | None) -> None:
         x = torch.randn(rows, 4, requires_grad=True)
         compiled(x, FakeAcceleratorStream(), FakeAcceleratorStream()).sum().backward()
         torch.testing.assert_close(x.grad, 3 * x.detach().cos())
+
+
+def positives_on_side_stream(
+    x: torch.Tensor, s: torch.Stream, e: torch.Event, main: torch.Stream
+) -> torch.Tensor:
+    with s:
+        kept = x[x > 0]
+    e.record(s)
+    e.wait(main)
+    return kept * 2
+
+
+def test_a_data_dependent_size_crosses_regions() -> None:
+    """The side region makes a tensor of size ``u0``; the main region takes it as an input.
+    Copying its maker's meta made the input claim to bind ``u0``, and Inductor refused."""
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0])
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        got = torch.compile(positives_on_side_stream, backend="userstreams")(
+            x, FakeAcceleratorStream(), FakeAcceleratorEvent(), torch.accelerator.current_stream()
+        )
+    torch.testing.assert_close(got, torch.tensor([2.0, 6.0, 10.0]))

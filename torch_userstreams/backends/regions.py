@@ -163,6 +163,9 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
         if value not in env:
             placeholder = graph.placeholder(value.name)
             placeholder.meta = dict(value.meta)
+            # The node that made it binds its data-dependent sizes (``x[x > 0]``); here
+            # it is an input, whose sizes Inductor reads from the tensor.
+            placeholder.meta.pop("unbacked_bindings", None)
             env[value] = placeholder
             inputs.append(value)
         env[used] = env[value]
