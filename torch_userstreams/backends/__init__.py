@@ -43,24 +43,40 @@ def _compile_of(backend: str) -> graph_compile.GraphCompile:
 
 
 def userstreams_backend(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], on_graph: GraphHook | None = None
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    on_graph: GraphHook | None = None,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Any:
     """Inductor with torch_userstreams installed, each stream region compiled by Inductor
-    and run on its stream. ``on_graph`` (for ``testing.capture``) sees each forward and
-    backward graph before it is compiled."""
+    and run on its stream. ``mode`` and ``options`` (``torch.compile``'s) are Inductor's,
+    for the forward and the backward. ``on_graph`` (for ``testing.capture``) sees each
+    forward and backward graph before it is compiled."""
     compile_ = _compile_of("userstreams")
     from torch._inductor.compile_fx import compile_fx
 
+    from .inductor_options import config_patches
     from .inductor_regions import compile_fx_with_regions
     from .regions import has_stream_work
 
+    patches = config_patches(mode, options)
     if not has_stream_work(gm):
-        return compile_fx(gm, example_inputs)
-    return compile_fx_with_regions(gm, example_inputs, compile_.table, on_graph=on_graph)
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    return compile_fx_with_regions(
+        gm, example_inputs, compile_.table, on_graph=on_graph, config_patches=patches
+    )
 
 
-def userstreams_aot_eager_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """AOTAutograd with the package's passes, each node run on its own stream."""
+def userstreams_aot_eager_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """AOTAutograd with the package's passes, each node run on its own stream. Like
+    ``aot_eager`` it takes ``torch.compile``'s ``mode`` and ``options`` and ignores them:
+    they configure Inductor, which this backend does not use."""
     _compile_of("userstreams_aot_eager")
     from torch._dynamo.backends.common import aot_autograd
 

@@ -220,6 +220,7 @@ def compile_fx_with_regions(
     table: UserObjectTable | None,
     compile_region: Compiler | None = None,
     on_graph: GraphHook | None = None,
+    config_patches: dict[str, Any] | None = None,
 ) -> Any:
     """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler.
 
@@ -233,4 +234,4 @@ def compile_fx_with_regions(
     name = table.graph_name if table is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
     with functorch_config.patch(enable_autograd_cache=False):
-        return compile_fx(gm, example_inputs, inner_compile=inner)
+        return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=config_patches)

@@ -1,0 +1,75 @@
+"""``torch.compile(backend="userstreams", mode=..., options=...)``: Inductor's settings,
+for the forward and the backward, with or without streams; unknown ones are refused with
+their name. ``userstreams_aot_eager`` takes and ignores them, as ``aot_eager`` does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import torch_userstreams
+from torch_userstreams.testing.capture import no_compile_caches
+
+
+class CountGraphs(CustomGraphPass):
+    """A post-grad pass that counts the graphs Inductor compiles with it."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.graphs += 1
+
+    def uuid(self) -> str:
+        return "tests.test_backend_options.CountGraphs"
+
+
+def side_stream_sin(x: torch.Tensor) -> torch.Tensor:
+    with torch.Stream(device="cpu"):
+        y = x.sin()
+    return y * 2
+
+
+def plain_sin(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() * 2
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch_userstreams.install()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fn", [side_stream_sin, plain_sin], ids=["streams", "no streams"])
+def test_options_reach_the_forward_and_backward_compiles(fn: object) -> None:
+    counter = CountGraphs()
+    compiled = torch.compile(
+        fn, backend="userstreams", options={"post_grad_custom_post_pass": counter}
+    )
+    x = torch.randn(4, requires_grad=True)
+    with no_compile_caches():
+        compiled(x).sum().backward()
+    assert counter.graphs == 2
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_mode_compiles(backend: str) -> None:
+    compiled = torch.compile(side_stream_sin, backend=backend, mode="max-autotune-no-cudagraphs")
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), 2 * x.sin())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"mode": "fastest"}, "mode='fastest'"),
+        ({"options": {"max_autotunez": True}}, "max_autotunez"),
+    ],
+)
+def test_unknown_settings_are_refused_by_name(kwargs: dict, named: str) -> None:
+    compiled = torch.compile(plain_sin, backend="userstreams", **kwargs)
+    with pytest.raises(Exception, match="torch_userstreams") as raised:
+        compiled(torch.randn(4))
+    assert named in str(raised.value)
