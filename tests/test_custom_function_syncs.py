@@ -16,8 +16,10 @@ import pytest
 import torch
 
 import torch_userstreams
+from torch_userstreams.fx.meta import stream_of
 from torch_userstreams.simulator import SimEvent, SimStream
-from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.capture import capture, no_compile_caches
+from torch_userstreams.testing.checker import CURRENT_STREAMS_META
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,
     FakeAcceleratorStream,
@@ -99,3 +101,46 @@ def test_compiled_autograd_over_a_stream_backward_is_refused_by_name() -> None:
         with pytest.raises(Exception, match="Compiled autograd is on"):
             with compiled_autograd._enable(torch.compile(backend="aot_eager")):
                 loss_.backward()
+
+
+class SideStreamBackward(torch.autograd.Function):
+    """``sin`` forward; its backward computes ``cos`` under ``with side:``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.sin()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        with OBJECTS["side"]:
+            return grad * x.cos()
+
+
+def side_stream_backward_loss(x: torch.Tensor) -> torch.Tensor:
+    return SideStreamBackward.apply(x * 2).sum()  # type: ignore[no-any-return]
+
+
+def cos_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is torch.ops.aten.cos.default]
+
+
+@pytest.mark.parametrize("where", ["cpu", "fake accelerator"])
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_stream_context_in_a_custom_backward_compiles_and_runs_on_its_stream(
+    backend: str, where: str
+) -> None:
+    """Its nodes reached the joint graph untagged and were taken for forward ones: with
+    ``userstreams_aot_eager`` on CPU the partitioner rejected the graph ("Node ... was
+    invalid, but is output"). They are the backward's now (``passes.backward_phase``)."""
+    with objects(where):
+        x = torch.randn(5, requires_grad=True)
+        captured = capture(side_stream_backward_loss, x, backend=backend)
+        expected = torch.autograd.grad(side_stream_backward_loss(x), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+    # Where the partitioner puts it is its choice (min-cut computes it in the forward and
+    # saves it); it runs once, on the side stream.
+    [(gm, cos)] = [(gm, cos) for _, gm in captured.graphs for cos in cos_nodes(gm)]
+    assert stream_of(cos) is not None
+    assert stream_of(cos) not in set(gm.meta[CURRENT_STREAMS_META].values())

@@ -13,6 +13,7 @@ from torch_userstreams.compile.graph_compile import GraphCompile
 from torch_userstreams.compile.table import EntryKind, Phase
 from torch_userstreams.fx.meta import records, set_stream, stream_of
 from torch_userstreams.passes import (
+    backward_phase,
     backward_syncs,
     dealloc_syncs,
     grad_accumulation,
@@ -70,6 +71,26 @@ def module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
 
 def syncs(gm: torch.fx.GraphModule, target: object) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.target is target]
+
+
+def test_backward_phase_tags_untagged_nodes_after_the_first_backward_node() -> None:
+    """What a custom Function's backward traces has no tag; before the backward starts,
+    an untagged node (if torch left one) stays as it is."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    early = node(graph, ops.aten.sin.default, (x,), backward=False)
+    early.meta.pop("partitioner_tag")
+    fwd = node(graph, ops.aten.cos.default, (early,), backward=False)
+    first = node(graph, ops.aten.neg.default, (fwd,))
+    custom = node(graph, ops.aten.mul.Tensor, (first, fwd))
+    custom.meta.pop("partitioner_tag")
+    graph.output(custom)
+    gm = module(graph)
+    notes = run(backward_phase.PASS, gm, GraphCompile())
+    assert notes == ["traced in a custom backward [mul_tensor]"]
+    tags = [n.meta.get("partitioner_tag") for n in (early, fwd, first, custom)]
+    assert tags == [None, "is_forward", "is_backward", "is_backward"]
+    assert not run(backward_phase.PASS, gm, GraphCompile()), "idempotent"
 
 
 def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
@@ -197,8 +218,10 @@ def test_a_pass_run_before_what_it_requires_fails_naming_both() -> None:
     with pytest.raises(PassContractError, match=r"backward_syncs requires .*accumulations placed"):
         run_passes(gm, [backward_syncs.PASS], GraphCompile())
     compile_ = GraphCompile()
-    run_passes(gm, [inherit_streams.PASS, grad_accumulation.PASS, backward_syncs.PASS], compile_)
+    passes = [backward_phase, inherit_streams, grad_accumulation, backward_syncs]
+    run_passes(gm, [p.PASS for p in passes], compile_)
     assert [r.pass_name for r in compile_.passes] == [
+        "backward_phase",
         "inherit_streams",
         "grad_accumulation",
         "backward_syncs",

@@ -5,7 +5,7 @@ names (``_aot_autograd/streams.py``), which AOTAutograd calls on the joint graph
 order. Each rule lives in its own module, as a ``GraphPass`` that states what it requires
 and ensures (``contract``); the entry points run them on the compile whose backend runs.
 
-    assign_backward_streams   inherit_streams, grad_accumulation
+    assign_backward_streams   backward_phase, inherit_streams, grad_accumulation
     insert_backward_syncs     backward_syncs
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
     wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too)
@@ -18,7 +18,14 @@ import torch.fx
 from ..compile import graph_compile
 from ..fx.meta import is_backward, stream_of
 from ..fx.ops import is_sync_op
-from . import backward_syncs, dealloc_syncs, grad_accumulation, inherit_streams, sync_ordering
+from . import (
+    backward_phase,
+    backward_syncs,
+    dealloc_syncs,
+    grad_accumulation,
+    inherit_streams,
+    sync_ordering,
+)
 from .contract import GraphPass, ensure, run_passes
 
 
@@ -40,7 +47,9 @@ def _run(gm: torch.fx.GraphModule, passes: tuple[GraphPass, ...], needed: bool) 
 
 
 def assign_backward_streams(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's pass: inherit forward streams, then place accumulations."""
+    """Replaces AOTAutograd's pass: tag what a custom backward traced, inherit forward
+    streams, then place accumulations."""
+    _run(gm, (backward_phase.PASS,), _has_streams(gm) or _has_syncs(gm))
     _run(gm, (inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
 
 

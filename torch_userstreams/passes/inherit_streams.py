@@ -36,4 +36,9 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     return notes
 
 
-PASS = GraphPass(NAME, run, ensures=frozenset({"backward streams inherited"}))
+PASS = GraphPass(
+    NAME,
+    run,
+    requires=frozenset({"phases tagged"}),
+    ensures=frozenset({"backward streams inherited"}),
+)

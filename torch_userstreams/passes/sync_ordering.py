@@ -79,24 +79,15 @@ def _saved_not_recomputed(control: torch.fx.Node) -> None:
 
 
 def pin_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
-    """Tag every sync of the joint graph with its phase.
-
-    A sync traced in a custom ``autograd.Function``'s backward reaches the joint graph
-    untagged (it has no tensor to carry the backward's tag), and untagged meant forward:
-    the user's backward sync ran in the forward. The joint graph is traced forward first,
-    then backward, so an untagged sync after the first backward node belongs to the
-    backward."""
+    """Tag every sync of the joint graph with its phase, to keep it in that phase's graph
+    (a sync traced in a custom backward is already tagged backward: ``backward_phase``)."""
     notes = []
-    in_backward = False
     for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if is_sync_op(node.target):
+        if node.op == "call_function" and is_sync_op(node.target):
             before = node.meta.get(PARTITIONER_TAG)
-            mark_phase(node, is_backward(node) or (before is None and in_backward))
+            mark_phase(node, is_backward(node))
             if node.meta[PARTITIONER_TAG] != before:
                 notes.append(f"kept in the {node.meta[PARTITIONER_TAG]} graph [{node.name}]")
-        in_backward = in_backward or is_backward(node)
     return notes
 
 
@@ -135,7 +126,7 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 PIN = GraphPass(
     PIN_NAME,
     pin_syncs,
-    requires=frozenset({"syncs complete"}),
+    requires=frozenset({"syncs complete", "phases tagged"}),
     ensures=frozenset({"syncs pinned"}),
 )
 WRAP = GraphPass(
