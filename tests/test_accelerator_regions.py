@@ -100,15 +100,11 @@ def positives_on_side_stream(
     return kept * 2
 
 
-@pytest.mark.skipif(
-    torch.__version__ < (2, 12),
-    reason="torch 2.11 also passes the size's runtime check (a SymBool, u0 >= 0) from the "
-    "side region to the main one, and Inductor takes no SymBool input; not fixed there "
-    "(native Inductor fails this program on every version)",
-)
 def test_a_data_dependent_size_crosses_regions() -> None:
     """The side region makes a tensor of size ``u0``; the main region takes it as an input.
-    Copying its maker's meta made the input claim to bind ``u0``, and Inductor refused."""
+    Copying its maker's meta made the input claim to bind ``u0``, and Inductor refused. On
+    torch 2.11 the size's runtime checks opened regions of their own, and the SymBool they
+    check (``u0 >= 0``) became a region input, which Inductor refuses too."""
     x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0])
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         got = torch.compile(positives_on_side_stream, backend="userstreams")(

@@ -9,7 +9,8 @@
   a new region after the others. So ``a@side, b@main, c@side`` (``c`` not reading ``b``)
   becomes two regions, not three, and the host launches them in an order that respects
   every data dependency. Nodes that mutate or have other side effects never move earlier
-  than what precedes them; a ``getitem`` stays with the node whose tuple it reads.
+  than what precedes them: they join only the last region, else open one; a ``getitem``
+  stays with the node whose tuple it reads.
 
 ``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
 outside it, its outputs the values used outside it.
@@ -77,7 +78,7 @@ class _Grouping:
             self._join(self.region_of[producer], node)  # a getitem stays with its tuple
             return
         stream = stream_of(node)
-        target = None if _pinned(node) else self._latest_ready(node, stream)
+        target = self._last(stream) if _pinned(node) else self._latest_ready(node, stream)
         if target is None:
             target = Region(stream)
             self.steps.append(target)
@@ -89,6 +90,14 @@ class _Grouping:
     def _join(self, region: Region, node: torch.fx.Node) -> None:
         region.nodes.append(node)
         self.region_of[node] = region
+
+    def _last(self, stream: int | None) -> Region | None:
+        """The segment's last region, if it runs on ``stream`` and takes nodes: a pinned
+        node may join it, since nothing launched after it would then run before the node.
+        (A runtime check such as ``_assert_scalar`` then stays with the size it checks.)"""
+        if len(self.segment) > self.frozen and self.segment[-1].stream == stream:
+            return self.segment[-1]
+        return None
 
     def _latest_ready(self, node: torch.fx.Node, stream: int | None) -> Region | None:
         """The latest region of ``stream`` in this segment that may run ``node``: every

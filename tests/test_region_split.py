@@ -1,0 +1,73 @@
+"""``backends.regions.split`` on hand-built graphs: which nodes share a region.
+
+A node with side effects (a mutation, a runtime check) never runs earlier than what precedes
+it. It used to open a region of its own every time, so a data-dependent size's checks
+(``_assert_scalar`` of ``u0 >= 0``) landed in another region than the size, and on torch
+2.11 the check's SymBool became a region input, which Inductor refuses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from torch_userstreams.backends.regions import Region, split
+from torch_userstreams.fx.meta import set_stream
+
+ops = torch.ops.aten
+SIDE, MAIN = 0, None
+
+
+def node(
+    graph: torch.fx.Graph,
+    target: object,
+    args: tuple,  # type: ignore[type-arg]
+    stream: int | None,
+) -> torch.fx.Node:
+    made = graph.call_function(target, args)  # type: ignore[arg-type]
+    if stream is not None:
+        set_stream(made, stream)
+    return made
+
+
+def op(node: torch.fx.Node) -> str:
+    return node.target.__name__.split(".")[0]  # type: ignore[union-attr]
+
+
+def regions(graph: torch.fx.Graph) -> list[tuple[int | None, list[str]]]:
+    steps = split(torch.fx.GraphModule(torch.nn.Module(), graph))
+    assert all(isinstance(step, Region) for step in steps)
+    return [(step.stream, [op(n) for n in step.nodes]) for step in steps]  # type: ignore[union-attr]
+
+
+def test_a_mutation_joins_the_last_region_of_its_stream() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    node(graph, ops.add_.Tensor, (a, x), SIDE)
+    graph.output(a)
+    assert regions(graph) == [(SIDE, ["sin", "add_"])]
+
+
+def test_a_mutation_does_not_move_before_another_streams_region() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    b = node(graph, ops.cos.default, (x,), MAIN)
+    node(graph, ops.add_.Tensor, (a, x), SIDE)
+    c = node(graph, ops.neg.default, (a,), SIDE)
+    graph.output((b, c))
+    # add_ may not join sin's region (it would run before cos); neg follows add_.
+    assert regions(graph) == [(SIDE, ["sin"]), (MAIN, ["cos"]), (SIDE, ["add_", "neg"])]
+
+
+def test_work_after_a_mutation_does_not_move_before_it() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    b = node(graph, ops.cos.default, (x,), MAIN)
+    node(graph, ops.add_.Tensor, (b, x), MAIN)
+    c = node(graph, ops.neg.default, (x,), SIDE)
+    graph.output((a, c))
+    # neg reads only x, but sin's region comes before add_: neg may not join it.
+    assert regions(graph) == [(SIDE, ["sin"]), (MAIN, ["cos", "add_"]), (SIDE, ["neg"])]
