@@ -80,17 +80,17 @@ def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
         known = 0 <= index < len(table)
         if not known or not isinstance(table.entries[index].example, torch.Stream):
             what = table.entries[index].describe().strip() if known else "nothing"
+            prefix = (
+                f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
+                f"annotated to run on stream {index}"
+            )
             hint = compiled_autograd_hint()
             if hint:
-                raise UserObjectError(
-                    f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
-                    f"annotated to run on stream {index}, which is not in its table.{hint}"
-                )
+                raise UserObjectError(f"{prefix}, which is not in its table.{hint}")
             raise UserObjectError(
-                f"torch_userstreams: node {node.name} of graph {table.graph_name} is "
-                f"annotated to run on stream {index}, but entry {index} of its table is "
-                f"{what}. A stream annotation from another trace leaked into this one; "
-                "call torch._dynamo.reset() and compile again, and report it if it recurs."
+                f"{prefix}, but entry {index} of its table is {what}. A stream annotation "
+                "from another trace leaked into this one; call torch._dynamo.reset() and "
+                "compile again, and report it if it recurs."
             )
 
 
