@@ -18,6 +18,7 @@ GBI = "torch._dynamo.graph_bytecode_inputs"
 STREAMS = "torch._dynamo.variables.streams"
 OUTPUT_GRAPH = "torch._dynamo.output_graph"
 AOT_STREAMS = "torch._functorch._aot_autograd.streams"
+PATTERN_MATCHER = "torch._inductor.pattern_matcher"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,13 @@ _COMMON = (
     PatchPoint(AOT_STREAMS, "assign_backward_streams", "passes.assign_backward_streams", ("gm",)),
     PatchPoint(AOT_STREAMS, "insert_backward_syncs", "passes.insert_backward_syncs", ("gm",)),
     PatchPoint(AOT_STREAMS, "sync_deallocations", "passes.sync_deallocations", ("gm",)),
+    PatchPoint(
+        PATTERN_MATCHER,
+        "same_mutation_regions",
+        "patch.cse.wrap_same_mutation_regions",
+        ("a", "b"),
+        wraps=True,
+    ),
     PatchPoint(
         OUTPUT_GRAPH,
         "OutputGraph.compile_and_call_fx_graph",

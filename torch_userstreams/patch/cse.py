@@ -1,0 +1,39 @@
+"""Which nodes of a joint graph AOTAutograd's CSE may merge: never across streams, never syncs.
+
+Before it partitions, the min-cut partitioner (``userstreams``) merges each node into an
+earlier one with the same target and arguments (``fx_graph_cse``). The key knows nothing
+of streams, so:
+
+* ``(x * w).sin()`` on a side stream and ``(x * w).cos()`` on the main one shared one
+  ``x * w``, made on the side stream and read on the main one before any wait: a race;
+* a sync issued twice with the same arguments (``s.wait_stream(m)`` before and after more
+  work on ``m``) was kept once, and the second wait was lost (torch 2.11, which does not
+  wrap syncs in ``control_deps``).
+
+The CSE asks ``same_mutation_regions(node, earlier)`` before it merges, and it is that
+function's only caller; the replacement adds the two conditions above. On a graph without
+streams every node has the same (absent) stream and no sync: it answers as native does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.fx
+
+from ..fx.meta import stream_of
+from ..fx.ops import is_sync_op
+
+SameRegions = Callable[[torch.fx.Node, torch.fx.Node], bool]
+
+
+def wrap_same_mutation_regions(native: SameRegions) -> SameRegions:
+    """The replacement: ``native``'s answer, and the same stream, and no sync."""
+
+    def same_mutation_regions(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+        if is_sync_op(a.target) or is_sync_op(b.target):
+            return False
+        return stream_of(a) == stream_of(b) and native(a, b)
+
+    same_mutation_regions.__wrapped__ = native  # type: ignore[attr-defined]
+    return same_mutation_regions
