@@ -69,3 +69,38 @@ def test_export_decompositions_run_the_sync_passes_without_a_compile() -> None:
     targets = [str(node.target) for node in decomposed.graph.nodes]
     assert "streams.wait_event.default" in targets, targets
     torch.testing.assert_close(decomposed.module()(x), x * 2)
+
+
+def affine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w).relu()
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_recompile_after_uninstall_without_streams_compiles_as_native(backend: str) -> None:
+    """A last batch of another size after an ``installed()`` block recompiles with the
+    package uninstalled. The backend refused the graph, and installed the package from
+    inside the failing call."""
+    w = torch.randn(4, 2, requires_grad=True)
+    with torch_userstreams.installed():
+        compiled = torch.compile(affine, backend=backend)
+        compiled(torch.randn(8, 4), w).sum().backward()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x, w), affine(x, w))
+    assert not torch_userstreams.is_installed()
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_recompile_after_uninstall_with_streams_is_refused_and_installs_nothing(
+    backend: str,
+) -> None:
+    with torch_userstreams.installed():
+        compiled = torch.compile(side, backend=backend)
+        compiled(torch.ones(2), SimStream(device="cpu"))
+    with pytest.raises(Exception, match=r"(?s)uses streams.*torch_userstreams.install\(\)"):
+        compiled(torch.ones(3), SimStream(device="cpu"))
+    assert not torch_userstreams.is_installed()
+    torch_userstreams.install()
+    torch.testing.assert_close(
+        compiled(torch.ones(3), SimStream(device="cpu")),
+        side(torch.ones(3), SimStream(device="cpu")),
+    )

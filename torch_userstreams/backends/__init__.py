@@ -26,19 +26,28 @@ from ..errors import UnsupportedPathError
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
 
-def _compile_of(backend: str) -> graph_compile.GraphCompile:
-    """The graph's compile: Dynamo must have traced it with the package installed."""
+def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCompile | None:
+    """The graph's compile, or None for a graph Dynamo traced with the package uninstalled
+    (a recompile after ``uninstall()`` of a function compiled before it).
+
+    Such a graph went through native's user-object layer. Without streams or syncs it needs
+    nothing of the package, and the backend compiles it as its native counterpart does; with
+    them it is refused, naming the fix. Nothing is installed behind the user's back: that
+    would change what every later eager call and compile sees.
+    """
     compile_ = graph_compile.active_or_none()
     if compile_ is None:
-        from ..patch.install import install
+        from .regions import has_stream_work
 
-        install()
-        raise UnsupportedPathError(
-            f"torch_userstreams: backend {backend!r} got a graph that Dynamo traced while "
-            "torch_userstreams was not installed (uninstall() was called after the backend "
-            "was resolved). It is installed now: call torch._dynamo.reset() and run again, "
-            "or call torch_userstreams.install() before compiling."
-        )
+        if has_stream_work(gm):
+            raise UnsupportedPathError(
+                f"torch_userstreams: backend {backend!r} got a graph that uses streams or "
+                "events and that Dynamo traced while torch_userstreams was not installed "
+                "(uninstall() was called, or an installed() block ended, after this "
+                "function was compiled; this call recompiled it). Call "
+                "torch_userstreams.install() before calling it, or compile it inside the "
+                "installed() block only."
+            )
     return compile_
 
 
@@ -53,7 +62,7 @@ def userstreams_backend(
     and run on its stream. ``mode`` and ``options`` (``torch.compile``'s) are Inductor's,
     for the forward and the backward. ``on_graph`` (for ``testing.capture``) sees each
     forward and backward graph before it is compiled."""
-    compile_ = _compile_of("userstreams")
+    compile_ = _compile_of("userstreams", gm)
     from torch._inductor.compile_fx import compile_fx
 
     from .inductor_options import config_patches
@@ -61,7 +70,7 @@ def userstreams_backend(
     from .regions import has_stream_work
 
     patches = config_patches(mode, options)
-    if not has_stream_work(gm):
+    if compile_ is None or not has_stream_work(gm):
         return compile_fx(gm, example_inputs, config_patches=patches)
     return compile_fx_with_regions(
         gm, example_inputs, compile_.table, on_graph=on_graph, config_patches=patches
@@ -77,7 +86,10 @@ def userstreams_aot_eager_backend(
     """AOTAutograd with the package's passes, each node run on its own stream. Like
     ``aot_eager`` it takes ``torch.compile``'s ``mode`` and ``options`` and ignores them:
     they configure Inductor, which this backend does not use."""
-    _compile_of("userstreams_aot_eager")
+    if _compile_of("userstreams_aot_eager", gm) is None:
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager(gm, example_inputs)
     from torch._dynamo.backends.common import aot_autograd
 
     from .executor import compile_with_streams
