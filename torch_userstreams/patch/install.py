@@ -119,11 +119,21 @@ def resolve(point: PatchPoint) -> Resolved:
     params = tuple(inspect.signature(native).parameters)
     if params != point.params:
         raise _missing(point, f"its parameters are {params}, expected {point.params}")
+    _check_uses(point, owner, attr, native)
+    return Resolved(point, owner, attr, raw, native)
+
+
+def _check_uses(point: PatchPoint, owner: Any, attr: str, native: Any) -> None:
+    """What else the patch relies on: the handler table that holds the native, the names
+    its replacement uses."""
+    if point.table is not None:
+        entry = vars(owner).get(point.table, {}).get(attr)
+        if getattr(entry, "handler", None) is not native:
+            raise _missing(point, f"{point.table}[{attr!r}] no longer holds it")
     module = importlib.import_module(point.module)
     for name in point.needs:
         if not hasattr(module, name):
             raise _missing(point, f"{point.module}.{name}, which its replacement uses, is gone")
-    return Resolved(point, owner, attr, raw, native)
 
 
 def _missing(point: PatchPoint, what: str) -> PatchPointError:
@@ -170,6 +180,8 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
         resolved = resolve(point)
         new = _replacement_for(resolved)
         writes.append((Site(resolved.owner, resolved.attr, resolved.raw, point), new))
+        if point.table is not None:
+            writes.append(_table_write(resolved, new))
         if point.aliases:
             for module, attr in find_aliases(resolved.native):
                 if module is resolved.owner and attr == resolved.attr:
@@ -177,6 +189,17 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
                 writes.append((Site(module, attr, vars(module)[attr], point), new))
     writes.extend(_fake_impl_writes())
     return writes
+
+
+def _table_write(resolved: Resolved, new: Any) -> tuple[Site, Any]:
+    """The class's handler table, copied with its entry for the patched method wrapping
+    ``new`` (the entry's own type, so Dynamo calls it as it called the native one)."""
+    table_attr = resolved.point.table
+    assert table_attr is not None
+    table = vars(resolved.owner)[table_attr]
+    entry = table[resolved.attr]
+    site = Site(resolved.owner, table_attr, table, resolved.point)
+    return site, {**table, resolved.attr: type(entry)(new)}
 
 
 def _fake_impl_writes() -> list[tuple[Site, Any]]:

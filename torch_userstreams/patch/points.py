@@ -34,6 +34,10 @@ class PatchPoint:
     wraps: bool = False  # the replacement is a factory called with the native object
     # Other names the replacement relies on in ``module``: missing ones fail the install.
     needs: tuple[str, ...] = ()
+    # A class attribute holding a dict of handlers by method name (Dynamo's ``tp_methods``,
+    # torch 2.14+) that holds the native under ``attr``: the dict is replaced too, by a copy
+    # whose entry wraps the replacement.
+    table: str | None = None
 
     @property
     def name(self) -> str:
@@ -133,12 +137,38 @@ _WRAP_SYNCS = PatchPoint(
     needs=("_wrap_sync_node",),
 )
 
+# query() breaks the graph (``patch.queries``): through each class's call_method up to 2.13,
+# through its tp_methods handler from 2.14.
+_QUERY_BY_CALL_METHOD = tuple(
+    PatchPoint(
+        STREAMS,
+        f"{cls}.call_method",
+        "patch.queries.wrap_call_method",
+        ("self", "tx", "name", "args", "kwargs"),
+        aliases=False,
+        wraps=True,
+    )
+    for cls in ("StreamVariable", "EventVariable")
+)
+_QUERY_BY_TP_METHODS = tuple(
+    PatchPoint(
+        STREAMS,
+        f"{cls}.query",
+        "patch.queries.wrap_query",
+        ("self", "tx", "args", "kwargs"),
+        aliases=False,
+        wraps=True,
+        table="tp_methods",
+    )
+    for cls in ("StreamVariable", "EventVariable")
+)
+
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
-    "2.11": _COMMON,
-    "2.12": (*_COMMON, _WRAP_SYNCS),
-    "2.13": (*_COMMON, _WRAP_SYNCS),
-    "2.14": (*_COMMON, _WRAP_SYNCS),
-    "2.15": (*_COMMON, _WRAP_SYNCS),
+    "2.11": (*_COMMON, *_QUERY_BY_CALL_METHOD),
+    "2.12": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
+    "2.13": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
+    "2.14": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS),
+    "2.15": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS),
 }
 LAZY_MODULES: dict[str, tuple[str, ...]] = {minor: _LAZY_MODULES for minor in SUPPORTED_MINORS}
 LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")

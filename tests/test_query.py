@@ -1,0 +1,82 @@
+"""``Stream.query()`` / ``Event.query()`` in a compiled function run on every call
+(``patch.queries``).
+
+Dynamo traces ``query()`` into the answer it gave while compiling: a branch on it was
+decided once, and every later call took it whatever the device's state (found by a hostile
+test pass; native Dynamo does the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import torch_userstreams
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+BACKENDS = ["userstreams", "userstreams_aot_eager"]
+
+
+class ReportingEvent(FakeAcceleratorEvent):
+    """An event whose ``query()`` answers what the test set."""
+
+    def __init__(self, done: bool) -> None:
+        super().__init__()
+        self.done = done
+
+    def query(self) -> bool:
+        self.log.append(("query", None))
+        return self.done
+
+
+class ReportingStream(FakeAcceleratorStream):
+    def __init__(self, done: bool) -> None:
+        super().__init__()
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+@pytest.fixture(autouse=True)
+def accelerator() -> Iterator[None]:
+    torch_userstreams.install()
+    with fake_accelerator():
+        yield
+
+
+def use_if_ready(x: torch.Tensor, ready: torch.Event | torch.Stream) -> torch.Tensor:
+    if ready.query():
+        return x * 2
+    return x * 3
+
+
+@pytest.mark.parametrize("kind", [ReportingEvent, ReportingStream])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_branch_on_query_follows_each_calls_answer(backend: str, kind: type) -> None:
+    compiled = torch.compile(use_if_ready, backend=backend)
+    x = torch.ones(2)
+    got = [compiled(x, kind(done)) for done in (False, True, False)]
+    torch.testing.assert_close(got, [x * 3, x * 2, x * 3])
+
+
+def test_query_runs_once_per_call() -> None:
+    compiled = torch.compile(use_if_ready, backend="userstreams")
+    for _ in range(3):
+        event = ReportingEvent(done=True)
+        compiled(torch.ones(2), event)
+        assert [kind for kind, _ in event.log] == ["query"]
+
+
+def test_query_under_fullgraph_is_an_error_naming_it() -> None:
+    compiled = torch.compile(use_if_ready, backend="userstreams", fullgraph=True)
+    with pytest.raises(
+        Exception, match=r"(?s)ReportingEvent\.query\(\) reports.*move query\(\) out"
+    ):
+        compiled(torch.ones(2), ReportingEvent(done=True))
