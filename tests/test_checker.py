@@ -25,6 +25,7 @@ from torch_userstreams.testing import (
     capture,
     check_stream_safety,
 )
+from torch_userstreams.testing.checker import CURRENT_STREAMS_META, STREAM_DEVICES_META
 from torch_userstreams.testing.graph_view import Sync
 from torch_userstreams.testing.mutations import delete_sync, syncs
 from torch_userstreams.testing.programs import leaves
@@ -361,3 +362,19 @@ def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
     gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
     assert check_stream_safety(gm, current_streams={"cpu": 5})
     assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", None, "sin", 1)
+
+
+def test_cpu_tensor_work_under_an_accelerator_stream_runs_in_host_order() -> None:
+    """As the passes read it (no sync between them): CPU-tensor work under a ``cuda``
+    stream runs on the host, in program order with the CPU's current stream. The checker
+    took the two for streams of their own and reported hazards the passes rightly left."""
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)  # CPU tensors (no device in meta)
+    b = g.op(aten.sin.default, a)  # the CPU's current stream, index 5
+    g.graph.output((a, b))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
+    gm.meta[CURRENT_STREAMS_META] = {"cpu": 5}
+    gm.meta[STREAM_DEVICES_META] = {1: "cuda:0", 5: "cpu"}
+    assert check_stream_safety(gm)
+    gm.meta[STREAM_DEVICES_META] = {1: "cpu", 5: "cpu"}  # a CPU stream stands in for one
+    assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", 1, "sin", 5)

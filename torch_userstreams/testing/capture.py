@@ -12,7 +12,8 @@ backend's compilers receive them:
   streams go to Inductor directly and are not recorded.
 
 Each graph's ``gm.meta[CURRENT_STREAMS_META]`` is set to the table indices of its current
-streams, so ``check_stream_safety(gm)`` knows that unannotated nodes run on them.
+streams, so ``check_stream_safety(gm)`` knows that unannotated nodes run on them, and
+``gm.meta[STREAM_DEVICES_META]`` to each entry's device.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..compile import graph_compile
 from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
 from ..patch.install import installed
-from .checker import CURRENT_STREAMS_META
+from .checker import CURRENT_STREAMS_META, STREAM_DEVICES_META
 
 SUPPORTED_BACKENDS = ("userstreams_aot_eager", "userstreams")
 
@@ -57,6 +58,13 @@ class Capture:
         ]
 
 
+def mark_streams(gm: torch.fx.GraphModule, table: UserObjectTable) -> None:
+    """What the checker needs of the table: the current streams, each entry's device."""
+    gm.meta[CURRENT_STREAMS_META] = table.current_streams()
+    devices = {entry.index: entry.device for entry in table.entries}
+    gm.meta[STREAM_DEVICES_META] = {i: str(d) for i, d in devices.items() if d is not None}
+
+
 def _recording(
     into: list[torch.fx.GraphModule], table: UserObjectTable | None, compiler: Callable[..., Any]
 ) -> Callable[..., Any]:
@@ -64,7 +72,7 @@ def _recording(
 
     def compile_and_record(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if table is not None:
-            gm.meta[CURRENT_STREAMS_META] = table.current_streams()
+            mark_streams(gm, table)
         into.append(gm)
         return compiler(gm, example_inputs, **kwargs)
 
@@ -95,7 +103,7 @@ def _inductor_backend(result: Capture) -> Callable[..., Any]:
 
         def on_graph(graph: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
             into = result.backward if kwargs.get("is_backward", False) else result.forward
-            graph.meta[CURRENT_STREAMS_META] = table.current_streams()
+            mark_streams(graph, table)
             into.append(graph)
 
         return userstreams_backend(gm, example_inputs, on_graph=on_graph)

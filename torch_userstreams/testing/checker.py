@@ -7,7 +7,9 @@ The rules live where they are applied: how a graph reads as kernels and syncs in
 Which index is the current stream: unannotated nodes run on the current stream, which the
 package's passes name by a table index. Pass ``current_streams`` ({device: index}), or let
 the checker read it from ``gm.meta[CURRENT_STREAMS_META]`` (``capture`` sets it from the
-graph's table); without either, unannotated nodes form their own stream.
+graph's table); without either, unannotated nodes form their own stream. Likewise the
+device of each stream, ``gm.meta[STREAM_DEVICES_META]`` ({index: device}): a node on CPU
+tensors under an accelerator's stream runs on the host, in the CPU's program order.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .happens_before import HappensBefore
 from .hazards import Finding, StreamName, data_races, memory_reuse
 
 CURRENT_STREAMS_META = "torch_userstreams.current_streams"
+STREAM_DEVICES_META = "torch_userstreams.stream_devices"
 
 
 @dataclass
@@ -69,7 +72,7 @@ def check_stream_safety(
     """Every RAW/WAR/WAW and memory-reuse hazard between the streams of ``gm``."""
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
-    view: GraphView = read_graph(gm, current_streams)
+    view: GraphView = read_graph(gm, current_streams, gm.meta.get(STREAM_DEVICES_META, {}))
     hb = HappensBefore(view.steps)
     name = _stream_namer(current_streams)
     findings = [*data_races(view, hb, name), *memory_reuse(view, hb, name)]

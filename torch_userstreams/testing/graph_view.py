@@ -5,7 +5,9 @@ Rules (each is what the executors do with the graph):
 * Order: nodes are issued in graph order; a ``call_function`` kernel runs on
   ``stream_of(node)``. An unannotated node runs on the current stream: the table index
   given for its device in ``current_streams`` (so ``None`` and that index are one stream),
-  else the key ``None``.
+  else the key ``None``. A node that touches only CPU tensors under a stream that
+  ``stream_devices`` says is an accelerator's runs on the host, in program order: on the
+  CPU's current stream.
 * Syncs: ``streams::*`` ops. A ``control_deps`` node is the sync op inside its subgraph,
   issued at the ``control_deps`` node's position; ``getitem(control_deps, i)`` for i >= 1
   aliases its (i-1)-th passthrough operand (index 0 is the sync's own result).
@@ -124,9 +126,15 @@ def _buffers_in(value: Any) -> Iterator[Buffer]:
 class _Reader:
     """Builds a ``GraphView``; one pass over the nodes, in order."""
 
-    def __init__(self, gm: torch.fx.GraphModule, current_streams: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        current_streams: Mapping[str, int],
+        stream_devices: Mapping[int, str],
+    ) -> None:
         self.gm = gm
         self.current_streams = current_streams
+        self.stream_devices = stream_devices
         self.values: dict[torch.fx.Node, Any] = {}
         self.steps: list[Step] = []
         self.buffers: list[Buffer] = []
@@ -146,9 +154,13 @@ class _Reader:
 
     def stream(self, node: torch.fx.Node) -> StreamKey:
         index = stream_of(node)
-        if index is not None:
+        device = device_of(node)
+        if index is not None and not (device.type == "cpu" and self._accelerator(index)):
             return index
-        return self.current_streams.get(str(device_of(node)), None)
+        return self.current_streams.get(str(device), None)
+
+    def _accelerator(self, index: int) -> bool:
+        return not self.stream_devices.get(index, "cpu").startswith("cpu")
 
     def new_buffer(self, name: str, producer: torch.fx.Node | None, stream: StreamKey) -> Buffer:
         buffer = Buffer(name, producer, stream, self.position)
@@ -345,7 +357,9 @@ def _bind_schema(schema: Any, node: torch.fx.Node, value: Any) -> list[tuple[Any
 
 
 def read_graph(
-    gm: torch.fx.GraphModule, current_streams: Mapping[str, int] | None = None
+    gm: torch.fx.GraphModule,
+    current_streams: Mapping[str, int] | None = None,
+    stream_devices: Mapping[int, str] | None = None,
 ) -> GraphView:
     """Read ``gm`` as kernels and syncs (see the module docstring for the rules)."""
-    return _Reader(gm, current_streams or {}).read()
+    return _Reader(gm, current_streams or {}, stream_devices or {}).read()
