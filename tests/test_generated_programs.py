@@ -53,6 +53,7 @@ PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 CALLS_FOR_LEAK_CHECK = 3
 LEAK_SHARE = 2  # the leak property runs half the profile's examples
+INDUCTOR_SHARE = 10  # and the property with Inductor a tenth
 
 
 def run_eager(program: Program, streams: list[SimStream]) -> tuple[Any, list[Any]]:
@@ -68,9 +69,11 @@ def backward(out: tuple[torch.Tensor, ...]) -> None:
         sum(t.sum() for t in tensors).backward()  # type: ignore[union-attr]
 
 
-def run_compiled(program: Program, streams: list[SimStream]) -> tuple[Capture, list[Any]]:
+def run_compiled(
+    program: Program, streams: list[SimStream], backend: str = "userstreams_aot_eager"
+) -> tuple[Capture, list[Any]]:
     x, w = leaves()
-    captured = capture(program.build(eager=False), x, w, *streams)
+    captured = capture(program.build(eager=False), x, w, *streams, backend=backend)
     return captured, [x.grad, w.grad]
 
 
@@ -116,6 +119,21 @@ def test_generated_program(graph_breaks: bool, data: st.DataObject) -> None:
     eager_out, eager_grads = run_eager(program, streams)
     captured, grads = run_compiled(program, streams)
     event(f"graphs: {len(captured.forward)} forward, {len(captured.backward)} backward")
+    assert_close(eager_out, captured.result)
+    assert_close(eager_grads, grads)
+    assert_graphs_safe(program, captured)
+
+
+@pytest.mark.usefixtures("installed")
+@settings(PROFILE, max_examples=max(1, PROFILE.max_examples // INDUCTOR_SHARE))
+@given(program=programs(graph_breaks=False))
+def test_generated_program_with_inductor(program: Program) -> None:
+    """The same with ``userstreams``, whose graphs Inductor's partitioner made (min-cut,
+    with its CSE): the graphs checked are those its regions are cut from. Fewer examples:
+    Inductor compiles each."""
+    streams = program.stream_inputs()
+    eager_out, eager_grads = run_eager(program, streams)
+    captured, grads = run_compiled(program, streams, backend="userstreams")
     assert_close(eager_out, captured.result)
     assert_close(eager_grads, grads)
     assert_graphs_safe(program, captured)
