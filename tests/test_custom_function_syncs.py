@@ -17,6 +17,7 @@ import torch
 
 import torch_userstreams
 from torch_userstreams.fx.meta import stream_of
+from torch_userstreams.patch.points import minor_of
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.testing.capture import capture, no_compile_caches
 from torch_userstreams.testing.checker import CURRENT_STREAMS_META
@@ -82,6 +83,53 @@ def test_a_sync_in_a_custom_backward_runs_in_the_backward(backend: str, where: s
     assert after_forward == []
     assert after_backward in (["record", "wait"], ["record", "waited_by"])
     torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+
+
+def returns_the_function_output(x: torch.Tensor) -> torch.Tensor:
+    return SyncInBackward.apply(x * 2)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("where", ["cpu", "fake accelerator"])
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_sync_that_opens_the_backward_runs_in_it(backend: str, where: str) -> None:
+    """The compiled function returns the Function's output, so its backward is the first
+    thing the compiled backward runs: its sync comes before any node that reads a tangent.
+    The min-cut partitioner's reordering (``userstreams``) dropped such syncs."""
+    with objects(where):
+        x = torch.randn(5, requires_grad=True)
+        out = torch.compile(returns_the_function_output, backend=backend)(x)
+        after_forward = [name for name, _ in OBJECTS["event"].log]
+        out.sum().backward()
+        after_backward = [name for name, _ in OBJECTS["event"].log]
+    assert after_forward == []
+    assert after_backward in (["record", "wait"], ["record", "waited_by"])
+    torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+
+
+def test_min_cut_keeps_a_sync_that_opens_the_backward_before_the_gradient_work() -> None:
+    """The partitioner ``userstreams`` uses, on its own: the backward graph keeps the sync,
+    in front of the gradient work that followed it (``patch.backward_order``)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(
+        fw_compiler=keep, bw_compiler=keep, partition_fn=min_cut_rematerialization_partition
+    )
+    with objects("cpu"):
+        x = torch.randn(5, requires_grad=True)
+        torch.compile(returns_the_function_output, backend=backend)(x).sum().backward()
+    [_, backward] = graphs
+    ops = [str(n.target) for n in backward.graph.nodes if n.op == "call_function"]
+    # torch 2.11 leaves the wait a plain op; later releases wrap it in control_deps.
+    wait = "streams.wait_event.default" if minor_of(torch.__version__) == "2.11" else "control_deps"
+    assert ops == ["streams.record_event.default", wait, "aten.mul.Tensor"]
 
 
 def side_then_main(x: torch.Tensor, w: torch.Tensor, side: torch.Stream) -> torch.Tensor:

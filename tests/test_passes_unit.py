@@ -93,6 +93,39 @@ def test_backward_phase_tags_untagged_nodes_after_the_first_backward_node() -> N
     assert not run(backward_phase.PASS, gm, GraphCompile()), "idempotent"
 
 
+def test_backward_phase_tags_a_custom_backward_that_opens_the_backward() -> None:
+    """The compiled function returns the Function's output: its backward's sync and work
+    come first, before any tagged backward node. Only the tangent says a backward exists."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    tangent = graph.placeholder("tangents_1")
+    tangent.meta["partitioner_tag"] = "is_backward"
+    fwd = node(graph, ops.aten.sin.default, (x,), backward=False)
+    record = graph.call_function(ops.streams.record_event.default, (0, 1))
+    custom = node(graph, ops.aten.mul.Tensor, (tangent, 2))
+    custom.meta.pop("partitioner_tag")
+    graph.output((fwd, custom))
+    notes = run(backward_phase.PASS, module(graph), GraphCompile())
+    assert notes == [
+        "traced in a custom backward [record_event_default]",
+        "traced in a custom backward [mul_tensor]",
+    ]
+    assert [n.meta.get("partitioner_tag") for n in (fwd, record, custom)] == [
+        "is_forward",
+        "is_backward",
+        "is_backward",
+    ]
+
+
+def test_backward_phase_leaves_a_graph_without_a_backward_alone() -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    fwd = node(graph, ops.aten.sin.default, (x,), backward=False)
+    graph.call_function(ops.streams.record_event.default, (0, 1))
+    graph.output(fwd)
+    assert not run(backward_phase.PASS, module(graph), GraphCompile())
+
+
 def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

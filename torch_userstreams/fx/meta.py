@@ -19,7 +19,9 @@ import torch.fx
 CUSTOM = "custom"
 STREAM = "stream"
 PARTITIONER_TAG = "partitioner_tag"
-BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
+IS_FORWARD = "is_forward"
+IS_BACKWARD = "is_backward"
+BACKWARD_TAGS = (IS_BACKWARD, "must_be_in_backward")
 MUST_BE_IN_FORWARD = "must_be_in_forward"
 MUST_BE_IN_BACKWARD = "must_be_in_backward"
 GRADIENT_ACCUMULATION = "is_gradient_acc"

@@ -19,6 +19,7 @@ STREAMS = "torch._dynamo.variables.streams"
 OUTPUT_GRAPH = "torch._dynamo.output_graph"
 AOT_STREAMS = "torch._functorch._aot_autograd.streams"
 PATTERN_MATCHER = "torch._inductor.pattern_matcher"
+PARTITIONERS = "torch._functorch.partitioners"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,13 @@ _COMMON = (
         "same_mutation_regions",
         "patch.cse.wrap_same_mutation_regions",
         ("a", "b"),
+        wraps=True,
+    ),
+    PatchPoint(
+        PARTITIONERS,
+        "reordering_to_mimic_autograd_engine",
+        "patch.backward_order.wrap_reordering",
+        ("gm",),
         wraps=True,
     ),
     PatchPoint(
