@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_userstreams
 from torch_userstreams.testing.fake_accelerator import (
@@ -41,6 +42,7 @@ class ReportingStream(FakeAcceleratorStream):
         self.done = done
 
     def query(self) -> bool:
+        self.log.append(("query", None))
         return self.done
 
 
@@ -66,12 +68,38 @@ def test_a_branch_on_query_follows_each_calls_answer(backend: str, kind: type) -
     torch.testing.assert_close(got, [x * 3, x * 2, x * 3])
 
 
-def test_query_runs_once_per_call() -> None:
+@pytest.mark.parametrize("kind", [ReportingEvent, ReportingStream])
+def test_query_runs_once_per_call(kind: type) -> None:
     compiled = torch.compile(use_if_ready, backend="userstreams")
     for _ in range(3):
-        event = ReportingEvent(done=True)
-        compiled(torch.ones(2), event)
-        assert [kind for kind, _ in event.log] == ["query"]
+        ready = kind(done=True)
+        compiled(torch.ones(2), ready)
+        assert [name for name, _ in ready.log] == ["query"]
+
+
+def query_inside_the_block(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        y = x * 2
+        if side.query():
+            y = y + 1
+    return y.sin()
+
+
+def test_query_inside_a_stream_block_runs_the_function_eagerly_and_says_why() -> None:
+    """Dynamo cannot resume inside ``with stream:`` after the graph break: it runs the whole
+    frame eagerly. Right answers, nothing compiled; the graph break says how to compile it."""
+    counter = CompileCounterWithBackend("userstreams")
+    compiled = torch.compile(query_inside_the_block, backend=counter)
+    x = torch.ones(2)
+    for done in (True, False):
+        side = ReportingStream(done)
+        torch.testing.assert_close(compiled(x, side), query_inside_the_block(x, side))
+    assert counter.frame_count == 0
+    torch._dynamo.reset()  # the frame is marked to run eagerly
+    with pytest.raises(Exception, match=r"(?s)inside a `with stream:` block.*before or after"):
+        torch.compile(query_inside_the_block, backend="userstreams", fullgraph=True)(
+            x, ReportingStream(True)
+        )
 
 
 def test_query_under_fullgraph_is_an_error_naming_it() -> None:

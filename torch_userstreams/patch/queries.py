@@ -8,6 +8,11 @@ every later call took that branch whatever the device's state: a silent wrong re
 The replacement breaks the graph at ``query()`` instead, so it runs in Python on the call's
 own object, and the code after it resumes in a compiled graph. Under ``fullgraph=True``
 that is an error naming ``query()``. Every other method is traced as natively.
+
+Inside a ``with stream:`` block Dynamo cannot resume after a graph break (the block is an
+annotation it cannot re-enter), so it runs the whole function eagerly: results stay right,
+nothing is compiled. The graph break's explanation says so and names the fix: query before
+the block, or after it.
 """
 
 from __future__ import annotations
@@ -19,23 +24,34 @@ CallMethod = Callable[..., Any]
 GRAPH_BREAK_TYPE = "torch_userstreams: query() of a stream or event"
 
 
-def _graph_break(variable: Any) -> None:
+def _in_stream_block(tx: Any) -> bool:
+    """Whether the traced code is inside a ``with stream:`` block."""
+    from torch._dynamo.variables.streams import StreamContextVariable
+
+    blocks = getattr(tx, "block_stack", ())
+    return any(isinstance(b.with_context, StreamContextVariable) for b in blocks)
+
+
+def _graph_break(variable: Any, tx: Any) -> None:
     from torch._dynamo.exc import unimplemented
 
     call = f"{type(variable.value).__qualname__}.query()"
-    unimplemented(
-        gb_type=GRAPH_BREAK_TYPE,
-        context=call,
-        explanation=(
-            f"{call} reports whether earlier work has finished when it runs; traced, it "
-            "would return the answer it gave while compiling on every call. "
-            "torch_userstreams runs it outside the graph instead."
-        ),
-        hints=[
-            "Keep the graph break, or move query() out of the compiled function "
-            "(with fullgraph=True it must be moved out).",
-        ],
+    explanation = (
+        f"{call} reports whether earlier work has finished when it runs; traced, it "
+        "would return the answer it gave while compiling on every call. "
+        "torch_userstreams runs it outside the graph instead."
     )
+    hints = [
+        "Keep the graph break, or move query() out of the compiled function "
+        "(with fullgraph=True it must be moved out).",
+    ]
+    if _in_stream_block(tx):
+        explanation += (
+            " It is inside a `with stream:` block, where Dynamo cannot resume after a "
+            "graph break: the whole function runs eagerly, uncompiled."
+        )
+        hints.insert(0, "Call query() before or after the `with stream:` block.")
+    unimplemented(gb_type=GRAPH_BREAK_TYPE, context=call, explanation=explanation, hints=hints)
 
 
 def wrap_call_method(native: CallMethod) -> CallMethod:
@@ -44,7 +60,7 @@ def wrap_call_method(native: CallMethod) -> CallMethod:
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         if name == "query":
-            _graph_break(self)
+            _graph_break(self, tx)
         return native(self, tx, name, args, kwargs)
 
     call_method.__wrapped__ = native  # type: ignore[attr-defined]
@@ -56,7 +72,7 @@ def wrap_query(native: CallMethod) -> CallMethod:
     (torch 2.14+, where Dynamo dispatches methods through ``tp_methods``)."""
 
     def query(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
-        _graph_break(self)
+        _graph_break(self, tx)
 
     query.__wrapped__ = native  # type: ignore[attr-defined]
     return query
