@@ -96,7 +96,9 @@ def test_a_recompile_after_uninstall_with_streams_is_refused_and_installs_nothin
     with torch_userstreams.installed():
         compiled = torch.compile(side, backend=backend)
         compiled(torch.ones(2), SimStream(device="cpu"))
-    with pytest.raises(Exception, match=r"(?s)uses streams.*torch_userstreams.install\(\)"):
+    with pytest.raises(
+        Exception, match=r"(?s)uses streams or events \(in side, compile 0/1\).*not installed"
+    ):
         compiled(torch.ones(3), SimStream(device="cpu"))
     assert not torch_userstreams.is_installed()
     torch_userstreams.install()
@@ -104,3 +106,23 @@ def test_a_recompile_after_uninstall_with_streams_is_refused_and_installs_nothin
         compiled(torch.ones(3), SimStream(device="cpu")),
         side(torch.ones(3), SimStream(device="cpu")),
     )
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_stream_graph_handed_to_the_backend_directly_is_refused_naming_the_fix(
+    backend: str,
+) -> None:
+    """Installed, but no Dynamo compile holds the graph: the error said "not installed"."""
+    from torch_userstreams.backends import _BY_NAME
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(torch.ops.streams.record_event.default, (0, 1))
+    graph.output(x)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(
+        torch_userstreams.UnsupportedPathError,
+        match=rf"\(not traced by Dynamo\) that no torch.compile.*backend='{backend}'",
+    ):
+        _BY_NAME[backend](gm, [torch.ones(1)])

@@ -27,28 +27,61 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
 
 def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCompile | None:
-    """The graph's compile, or None for a graph Dynamo traced with the package uninstalled
-    (a recompile after ``uninstall()`` of a function compiled before it).
+    """The graph's compile, or None for a graph that no package compile holds: one Dynamo
+    traced with the package uninstalled (a recompile after ``uninstall()`` of a function
+    compiled before it), or one handed to the backend outside ``torch.compile``.
 
-    Such a graph went through native's user-object layer. Without streams or syncs it needs
-    nothing of the package, and the backend compiles it as its native counterpart does; with
-    them it is refused, naming the fix. Nothing is installed behind the user's back: that
-    would change what every later eager call and compile sees.
+    Without streams or syncs such a graph needs nothing of the package, and the backend
+    compiles it as its native counterpart does; with them it is refused, naming the graph
+    and the fix. Nothing is installed behind the user's back: that would change what every
+    later eager call and compile sees.
     """
     compile_ = graph_compile.active_or_none()
     if compile_ is None:
         from .regions import has_stream_work
 
         if has_stream_work(gm):
-            raise UnsupportedPathError(
-                f"torch_userstreams: backend {backend!r} got a graph that uses streams or "
-                "events and that Dynamo traced while torch_userstreams was not installed "
-                "(uninstall() was called, or an installed() block ended, after this "
-                "function was compiled; this call recompiled it). Call "
-                "torch_userstreams.install() before calling it, or compile it inside the "
-                "installed() block only."
-            )
+            raise UnsupportedPathError(_refusal(backend, gm))
     return compile_
+
+
+def _refusal(backend: str, gm: torch.fx.GraphModule) -> str:
+    from ..patch.install import is_installed
+
+    graph = f"backend {backend!r} got a graph that uses streams or events ({_label(gm)})"
+    if not is_installed():
+        return (
+            f"torch_userstreams: {graph}, traced while torch_userstreams was not installed "
+            "(uninstall() was called, or an installed() block ended, after the function was "
+            "compiled, and this call recompiled it; or it was never installed). Call "
+            "torch_userstreams.install() before calling it, or compile and call it inside "
+            "the installed() block only."
+        )
+    return (
+        f"torch_userstreams: {graph} that no torch.compile traced with the package "
+        "installed: the backend needs the user-object table Dynamo builds while it traces. "
+        f"Pass the function to torch.compile(fn, backend={backend!r}) instead of calling "
+        "the backend on a graph."
+    )
+
+
+def _label(gm: torch.fx.GraphModule) -> str:
+    """``in f, compile 0/1``: the traced function (from the graph's stack traces) and
+    Dynamo's compile id, where known."""
+    import re
+
+    from torch._guards import CompileContext
+
+    parts = []
+    for node in gm.graph.nodes:
+        found = re.search(r", in (\S+)", node.meta.get("stack_trace") or "")
+        if found:
+            parts.append(f"in {found.group(1)}")
+            break
+    compile_id = CompileContext.current_compile_id()
+    if compile_id is not None:
+        parts.append(f"compile {compile_id}")
+    return ", ".join(parts) or "not traced by Dynamo"
 
 
 def userstreams_backend(
