@@ -152,7 +152,8 @@ def test_compiled_autograd_over_a_stream_backward_is_refused_by_name() -> None:
 
 
 class SideStreamBackward(torch.autograd.Function):
-    """``sin`` forward; its backward computes ``cos`` under ``with side:``."""
+    """``sin`` forward; its backward computes ``cos`` under ``with side:``, synced both ways
+    as a GPU needs it."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -162,8 +163,12 @@ class SideStreamBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        with OBJECTS["side"]:
-            return grad * x.cos()
+        side, main = OBJECTS["side"], OBJECTS["main"]
+        side.wait_stream(main)  # x and grad were made on main
+        with side:
+            out = grad * x.cos()
+        main.wait_stream(side)  # autograd reads the result on main
+        return out
 
 
 def side_stream_backward_loss(x: torch.Tensor) -> torch.Tensor:

@@ -128,9 +128,11 @@ def test_generated_program(graph_breaks: bool, data: st.DataObject) -> None:
 @settings(PROFILE, max_examples=max(1, PROFILE.max_examples // INDUCTOR_SHARE))
 @given(program=programs(graph_breaks=False))
 def test_generated_program_with_inductor(program: Program) -> None:
-    """The same with ``userstreams``, whose graphs Inductor's partitioner made (min-cut,
-    with its CSE): the graphs checked are those its regions are cut from. Fewer examples:
-    Inductor compiles each."""
+    """The same with ``userstreams``: the checker reads the forward and backward graphs
+    that Inductor's partitioner (min-cut, with its CSE) made, before they are cut into
+    regions (on CPU they are not cut: one Inductor graph each). Fewer examples, since
+    Inductor compiles each; the ci profile's 13 did not find the cross-stream CSE merge
+    (``patch.cse``) with that fix reverted, the long profile did (in about 6 minutes)."""
     streams = program.stream_inputs()
     eager_out, eager_grads = run_eager(program, streams)
     captured, grads = run_compiled(program, streams, backend="userstreams")

@@ -92,10 +92,11 @@ class _Grouping:
         self.region_of[node] = region
 
     def _last(self, stream: int | None) -> Region | None:
-        """The segment's last region, if it runs on ``stream`` and takes nodes: a pinned
-        node may join it, since nothing launched after it would then run before the node.
-        (A runtime check such as ``_assert_scalar`` then stays with the size it checks.)"""
-        if len(self.segment) > self.frozen and self.segment[-1].stream == stream:
+        """The segment's last region, if it runs on ``stream``: a pinned node may join it,
+        since nothing launched after it would then run before the node. (A runtime check
+        such as ``_assert_scalar`` then stays with the size it checks.) The last region is
+        never frozen: a pinned node freezes only the regions before its own."""
+        if self.segment and self.segment[-1].stream == stream:
             return self.segment[-1]
         return None
 

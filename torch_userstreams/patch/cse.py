@@ -13,6 +13,10 @@ of streams, so:
 The CSE asks ``same_mutation_regions(node, earlier)`` before it merges, and it is that
 function's only caller; the replacement adds the two conditions above. On a graph without
 streams every node has the same (absent) stream and no sync: it answers as native does.
+
+The CSE remembers one earlier node per key, and a refusal replaces it by the refused node.
+So with ``a`` on main, ``b`` (the same op) on a side stream and ``c`` on main again, ``c``
+is compared with ``b`` and kept, not merged into ``a``: correct, one op more than ideal.
 """
 
 from __future__ import annotations
