@@ -69,6 +69,16 @@ def objects(where: str) -> Iterator[None]:
             OBJECTS.clear()
 
 
+def issued_syncs(backend: str, where: str) -> tuple[list[str], ...]:
+    """What the event logs during ``backward()``: its record and its wait, the wait logged
+    as ``waited_by`` where torch (2.11) issues it as ``stream.wait_event``. ``userstreams``
+    compiles an all-CPU graph as one Inductor graph without its syncs (every CPU op runs in
+    program order, so they are already satisfied): nothing."""
+    if backend == "userstreams" and where == "cpu":
+        return ([],)
+    return (["record", "wait"], ["record", "waited_by"])
+
+
 @pytest.mark.parametrize("where", ["cpu", "fake accelerator"])
 @pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
 def test_a_sync_in_a_custom_backward_runs_in_the_backward(backend: str, where: str) -> None:
@@ -78,10 +88,8 @@ def test_a_sync_in_a_custom_backward_runs_in_the_backward(backend: str, where: s
         after_forward = [name for name, _ in OBJECTS["event"].log]
         out.backward()
         after_backward = [name for name, _ in OBJECTS["event"].log]
-    # The wait is logged as the event's ``wait`` or, where torch (2.11) issues it as
-    # ``stream.wait_event``, as ``waited_by``.
     assert after_forward == []
-    assert after_backward in (["record", "wait"], ["record", "waited_by"])
+    assert after_backward in issued_syncs(backend, where)
     torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
 
 
@@ -102,7 +110,7 @@ def test_a_sync_that_opens_the_backward_runs_in_it(backend: str, where: str) -> 
         out.sum().backward()
         after_backward = [name for name, _ in OBJECTS["event"].log]
     assert after_forward == []
-    assert after_backward in (["record", "wait"], ["record", "waited_by"])
+    assert after_backward in issued_syncs(backend, where)
     torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
 
 

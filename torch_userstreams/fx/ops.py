@@ -15,8 +15,15 @@ _NAMESPACES = frozenset({NAMESPACE, OWN_NAMESPACE})
 
 
 def is_sync_op(target: Any) -> bool:
-    """Whether an FX node target is a stream sync op (``streams::*`` or the package's)."""
-    return getattr(target, "namespace", None) in _NAMESPACES
+    """Whether an FX node target is a stream sync op (``streams::*`` or the package's): an
+    overload (``torch.ops.streams.record_event.default``, in AOTAutograd's graphs) or the
+    packet (``torch.ops.streams.record_event``, as Dynamo writes syncs). A packet has no
+    ``namespace``; its qualified name starts with it."""
+    namespace = getattr(target, "namespace", None)
+    if namespace is None:
+        qualified = getattr(target, "_qualified_op_name", None)
+        namespace = qualified.split("::", 1)[0] if isinstance(qualified, str) else None
+    return namespace in _NAMESPACES
 
 
 def op_name(target: Any) -> str:

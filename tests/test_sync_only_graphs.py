@@ -1,0 +1,91 @@
+"""Graphs whose only stream work is a sync, with no ``with stream:`` block.
+
+Dynamo writes a sync as the op packet (``torch.ops.streams.record_event``), AOTAutograd as
+its overload (``.default``); ``fx.ops.is_sync_op`` knew only overloads. So ``userstreams``
+took such a Dynamo graph for a stream-free one and handed it to plain Inductor, which freed
+the inputs before the sync and crashed reading them (``UnboundLocalError``) whenever the
+sync followed compute; after ``uninstall()`` such a graph was not refused, and its event
+was recorded on a stream of native's table instead of the one passed in. Found by a
+hostile test pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import torch_userstreams
+from torch_userstreams.backends.regions import has_stream_work
+from torch_userstreams.fx.ops import is_sync_op
+from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+BACKENDS = ["userstreams", "userstreams_aot_eager"]
+
+
+def sync_between_compute(
+    x: torch.Tensor, event: torch.Event, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    y = x * 3
+    event.record(side)
+    event.wait(main)
+    return y.cos()
+
+
+def test_a_sync_op_is_recognised_as_dynamo_and_aotautograd_write_it() -> None:
+    import torch._dynamo.variables.streams  # defines torch.ops.streams
+
+    packet = torch.ops.streams.record_event
+    assert is_sync_op(packet) and is_sync_op(packet.default)
+    assert not is_sync_op(torch.ops.aten.cos) and not is_sync_op(torch.ops.aten.cos.default)
+
+
+@pytest.mark.usefixtures("installed")
+def test_dynamo_graph_with_only_a_sync_has_stream_work() -> None:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    x, event, stream = torch.ones(2), SimEvent(device="cpu"), SimStream(device="cpu")
+    torch.compile(sync_between_compute, backend=keep)(x, event, stream, stream)
+    [gm] = graphs
+    assert has_stream_work(gm)
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sync_between_compute_runs_on_an_accelerator(backend: str) -> None:
+    with fake_accelerator() as main:
+        compiled = torch.compile(sync_between_compute, backend=backend)
+        for _ in range(2):
+            x, event = torch.randn(5), FakeAcceleratorEvent()
+            side = FakeAcceleratorStream()
+            torch.testing.assert_close(compiled(x, event, side, main), (x * 3).cos())
+            assert [name for name, _ in event.log] in (
+                ["record", "wait"],
+                ["record", "waited_by"],  # torch 2.11 issues it as stream.wait_event
+            )
+
+
+def record_only(x: torch.Tensor, event: torch.Event, stream: torch.Stream) -> torch.Tensor:
+    event.record(stream)
+    return x + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_recompile_after_uninstall_of_a_sync_only_graph_is_refused(backend: str) -> None:
+    with torch_userstreams.installed():
+        compiled = torch.compile(record_only, backend=backend)
+        compiled(torch.ones(2), SimEvent(device="cpu"), SimStream(device="cpu"))
+    event = SimEvent(device="cpu")
+    with pytest.raises(Exception, match=r"(?s)uses streams or events.*not installed"):
+        compiled(torch.ones(3), event, SimStream(device="cpu"))
+    assert event.log == []
