@@ -288,3 +288,27 @@ def test_backward_tensor_used_on_two_other_streams() -> None:
     assert_stream_safe(forward)
     (backward_graph,) = captured.backward
     assert_stream_safe(backward_graph)
+
+
+def recomputable_across_streams(
+    x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> torch.Tensor:
+    """``v = x.cos()`` on s1, then ``v.add_(x)`` on s2 after a wait: two cheap ops of x, so
+    the min-cut partitioner (torch 2.11, no ``control_deps``) computed both again in the
+    backward for ``v * w``'s gradient, with no sync between them there."""
+    with s1:
+        v = x.cos()
+    ready = torch.Event(device="cpu")
+    ready.record(s1)
+    ready.wait(s2)
+    with s2:
+        v.add_(x)
+        return v * w
+
+
+def test_backward_does_not_recompute_a_read_across_streams() -> None:
+    x, w = leaves()
+    streams = (SimStream(device="cpu"), SimStream(device="cpu"))
+    captured = capture(recomputable_across_streams, x, w, *streams, backend="userstreams")
+    (backward_graph,) = captured.backward
+    assert_stream_safe(backward_graph)

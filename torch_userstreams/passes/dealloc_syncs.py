@@ -12,7 +12,11 @@ some overlap on A after the last use (native estimates how long it can delay the
 
 A forward tensor that crosses streams and is used by the backward is marked must-save: the
 partitioner then keeps it alive until the backward instead of computing it again there,
-where its new allocation would have none of the syncs above.
+where its new allocation would have none of the syncs above. So is a forward tensor that
+reads a value made on another stream: computed again in the backward, it would read that
+value without the forward's sync (torch 2.11, which does not wrap syncs in
+``control_deps``, let the min-cut partitioner recompute such a chain). A must-save tensor
+the backward does not use is not saved.
 
 Limits: tensors that escape as graph outputs are owned by the caller and skipped; uses
 through views count only through the view's own users; a saved tensor's forward uses on
@@ -57,6 +61,20 @@ def _crosses_streams(node: torch.fx.Node) -> bool:
     return any(stream_of(user) != stream_of(node) for user in node.users)
 
 
+def _reads_another_stream(node: torch.fx.Node) -> bool:
+    return any(
+        used.op == "call_function" and not is_backward(used) and stream_of(used) != stream_of(node)
+        for used in node.all_input_nodes
+    )
+
+
+def _must_save(node: torch.fx.Node) -> bool:
+    """A forward tensor the backward must not compute again (see the module docstring)."""
+    if is_backward(node):
+        return False
+    return (_dies_in_backward(node) and _crosses_streams(node)) or _reads_another_stream(node)
+
+
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     graph = gm.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
@@ -66,7 +84,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             continue
         if not isinstance(node.meta.get("val"), torch.Tensor):
             continue
-        if not is_backward(node) and _dies_in_backward(node) and _crosses_streams(node):
+        if _must_save(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
         for last in _last_use_on_other_streams(node, order):
             device = event_device(node, last, node, compile_)
