@@ -89,3 +89,61 @@ def test_a_recompile_after_uninstall_of_a_sync_only_graph_is_refused(backend: st
     with pytest.raises(Exception, match=r"(?s)uses streams or events.*not installed"):
         compiled(torch.ones(3), event, SimStream(device="cpu"))
     assert event.log == []
+
+
+def sync_then_mutate_input(x: torch.Tensor, event: torch.Event, side: torch.Stream) -> torch.Tensor:
+    y = x * 2
+    event.record(side)
+    event.wait()
+    x.add_(1)
+    return y * x
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inference_graph_that_syncs_and_mutates_an_input_compiles(backend: str) -> None:
+    """The epilogue copy into ``x`` carries the backward's tag in an inference graph; the
+    sync-ordering pass took the graph for a joint one and stopped (``PassContractError``)."""
+    with fake_accelerator():
+        x = torch.randn(4)
+        expected_x, event = x.clone(), FakeAcceleratorEvent()
+        expected = sync_then_mutate_input(expected_x, event, FakeAcceleratorStream())
+        event = FakeAcceleratorEvent()
+        out = torch.compile(sync_then_mutate_input, backend=backend)(
+            x, event, FakeAcceleratorStream()
+        )
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected_x)
+    assert [name for name, _ in event.log] in (["record", "wait"], ["record", "waited_by"])
+
+
+def checkpointed_body(y: torch.Tensor, event: torch.Event, side: torch.Stream) -> torch.Tensor:
+    event.record(side)
+    event.wait()  # on the current stream: read only inside the checkpoint
+    return y.sin() * y
+
+
+def checkpointed_sync_on_current_stream(
+    x: torch.Tensor, event: torch.Event, side: torch.Stream
+) -> torch.Tensor:
+    body = torch.utils.checkpoint.checkpoint(
+        checkpointed_body, x * 2, event, side, use_reentrant=False
+    )
+    return body.cos()  # type: ignore[no-any-return]
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_current_stream_read_only_inside_a_checkpoint_is_loaded(backend: str) -> None:
+    """The prologue loads the ambient current stream only where a graph reads it; it looked
+    at the frame's graph and not at the checkpointed body (``UserObjectError``: not
+    loaded by the prologue)."""
+    with fake_accelerator() as main:
+        x, event, side = torch.randn(4), FakeAcceleratorEvent(), FakeAcceleratorStream()
+        compiled = torch.compile(checkpointed_sync_on_current_stream, backend=backend)
+        out = compiled(x, event, side)
+    torch.testing.assert_close(out, checkpointed_sync_on_current_stream(x, event, side))
+    assert event.log[:2] in (
+        [("record", side), ("wait", main)],
+        [("record", side), ("waited_by", main)],
+    )

@@ -115,7 +115,7 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
         state.calls.exported = table  # keeps its examples for export's re-trace
     else:
         table.release_examples()
-    prologue.mark_loaded(table, output_graph.graph)
+    prologue.mark_loaded(table, prologue.graphs_of(output_graph))
     if not table.loads_any:
         return result
     _check_no_specializations(output_graph, table)

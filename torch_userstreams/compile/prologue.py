@@ -43,13 +43,26 @@ def referenced_indices(graph: Any) -> set[int]:
     return used
 
 
-def mark_loaded(table: UserObjectTable, graph: Any) -> None:
-    """The ambient current stream Dynamo registers for every frame is loaded only if read."""
+def graphs_of(output_graph: Any) -> list[Any]:
+    """The frame's FX graph and the subgraphs its higher-order ops call (a checkpointed
+    function's body, a ``torch.cond`` branch), which read the table too."""
+    import torch.fx
+
+    graphs = [output_graph.graph]
+    for module in dict(getattr(output_graph, "nn_modules", {})).values():
+        if isinstance(module, torch.fx.GraphModule):
+            graphs += [m.graph for m in module.modules() if isinstance(m, torch.fx.GraphModule)]
+    return graphs
+
+
+def mark_loaded(table: UserObjectTable, graphs: list[Any]) -> None:
+    """The ambient current stream Dynamo registers for every frame is loaded only if read,
+    in the graph or in a subgraph it calls."""
     used: set[int] | None = None
     for entry in table.entries:
         if entry.kind is EntryKind.CURRENT_STREAM and not entry.always_loaded:
             if used is None:
-                used = referenced_indices(graph)
+                used = set().union(*(referenced_indices(graph) for graph in graphs))
             entry.loaded = entry.index in used
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.fx
 
 from ..compile import graph_compile
-from ..fx.meta import is_backward, stream_of
+from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 from . import (
     backward_phase,
@@ -64,10 +64,18 @@ def sync_deallocations(gm: torch.fx.GraphModule) -> None:
     _run(gm, (sync_ordering.PIN,), _has_syncs(gm))
 
 
+def _is_joint(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` is a joint graph: it takes tangents. A backward tag does not tell: an
+    inference graph's epilogue copy into a mutated input is tagged ``must_be_in_backward``."""
+    return any(
+        node.op == "placeholder" and "tangents" in str(node.target) for node in gm.graph.nodes
+    )
+
+
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies.
 
     On a forward-only graph none of the passes above ran: none adds a sync there."""
-    if not any(is_backward(node) for node in gm.graph.nodes):
+    if not _is_joint(gm):
         ensure(gm, "syncs complete")
     _run(gm, (sync_ordering.WRAP,), _has_syncs(gm))
