@@ -147,3 +147,26 @@ def test_the_current_stream_read_only_inside_a_checkpoint_is_loaded(backend: str
         [("record", side), ("wait", main)],
         [("record", side), ("waited_by", main)],
     )
+
+
+def checkpointed_wait_stream(x: torch.Tensor, side: torch.Stream, other: torch.Stream) -> Any:
+    def body(t: torch.Tensor) -> torch.Tensor:
+        u = t.exp()
+        side.wait_stream(other)
+        return u * t
+
+    return torch.utils.checkpoint.checkpoint(body, x, use_reentrant=False) + 1
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_method_sync_inside_a_checkpoint_runs_on_every_call(backend: str) -> None:
+    """torch 2.11 records ``wait_stream`` as a method call; the package turns those into
+    sync ops, but only in the frame's graph: in a checkpointed body AOTAutograd ran it once
+    while tracing and every later call skipped it."""
+    with fake_accelerator():
+        compiled = torch.compile(checkpointed_wait_stream, backend=backend)
+        for _ in range(2):
+            x, side, other = torch.randn(4), FakeAcceleratorStream(), FakeAcceleratorStream()
+            torch.testing.assert_close(compiled(x, side, other), x.exp() * x + 1)
+            assert side.log == [("wait_stream", other)]

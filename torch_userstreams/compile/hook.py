@@ -140,6 +140,9 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
         compile_ = graph_compile.for_output_graph(self)
         method_syncs.rewrite(self.graph, compile_.table)
+        for module in prologue.subgraph_modules(self):  # a checkpointed body's syncs too
+            if method_syncs.rewrite(module.graph, compile_.table):
+                module.recompile()
         check_streams(self.graph, compile_.table)
         with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)

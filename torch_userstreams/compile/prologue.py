@@ -43,16 +43,21 @@ def referenced_indices(graph: Any) -> set[int]:
     return used
 
 
-def graphs_of(output_graph: Any) -> list[Any]:
-    """The frame's FX graph and the subgraphs its higher-order ops call (a checkpointed
-    function's body, a ``torch.cond`` branch), which read the table too."""
+def subgraph_modules(output_graph: Any) -> list[Any]:
+    """The subgraphs the frame's higher-order ops call (a checkpointed function's body, a
+    ``torch.cond`` branch), nested ones included: they read the table too."""
     import torch.fx
 
-    graphs = [output_graph.graph]
+    found = []
     for module in dict(getattr(output_graph, "nn_modules", {})).values():
         if isinstance(module, torch.fx.GraphModule):
-            graphs += [m.graph for m in module.modules() if isinstance(m, torch.fx.GraphModule)]
-    return graphs
+            found += [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]
+    return found
+
+
+def graphs_of(output_graph: Any) -> list[Any]:
+    """The frame's FX graph and its subgraphs' (``subgraph_modules``)."""
+    return [output_graph.graph, *(m.graph for m in subgraph_modules(output_graph))]
 
 
 def mark_loaded(table: UserObjectTable, graphs: list[Any]) -> None:
