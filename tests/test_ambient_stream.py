@@ -14,7 +14,11 @@ import torch
 
 import torch_userstreams
 from torch_userstreams.compile.table import EntryKind
-from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
 
 
 @pytest.fixture
@@ -45,3 +49,21 @@ def test_ambient_stream_is_loaded_when_the_graph_reads_it() -> None:
         (EntryKind.GRAPH_CREATED.value, True),
     ]
     assert "get_current_stream" in table.prologue_listing
+
+
+def waits_on_current(x: torch.Tensor, event: torch.Event, side: torch.Stream) -> torch.Tensor:
+    event.record()
+    side.wait_stream(torch.accelerator.current_stream())
+    return x.sin()
+
+
+@pytest.mark.usefixtures("installed")
+def test_each_fake_accelerator_context_guards_on_its_own_current_stream() -> None:
+    """Dynamo fills its guards' helpers once per process; the second context's guards read
+    the first context's stream and failed on the frame that made them (torch <= 2.14)."""
+    for _ in range(2):
+        with fake_accelerator() as ambient:
+            torch._dynamo.reset()
+            event, side = FakeAcceleratorEvent(), FakeAcceleratorStream()
+            torch.compile(waits_on_current, backend="userstreams")(torch.ones(2), event, side)
+            assert (event.log, side.log) == ([("record", ambient)], [("wait_stream", ambient)])

@@ -78,7 +78,20 @@ def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
     try:
         for owner, name, value in patches:
             setattr(owner, name, value)
+        _guard_closure_stream(current_stream)
         yield ambient
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+        _guard_closure_stream(torch._dynamo.guards.get_current_stream)
+
+
+def _guard_closure_stream(current_stream: Any) -> None:
+    """Dynamo's guards call the current-stream helper through a dict it fills once per
+    process (``guards._CLOSURE_VARS``, torch <= 2.14): point it at this context's stream,
+    and back, or a second context's guards would compare against the first one's."""
+    import torch._dynamo.guards
+
+    closure = getattr(torch._dynamo.guards, "_CLOSURE_VARS", None)
+    if isinstance(closure, dict) and "___get_current_stream" in closure:
+        closure["___get_current_stream"] = current_stream
