@@ -306,9 +306,24 @@ def recomputable_across_streams(
         return v * w
 
 
-def test_backward_does_not_recompute_a_read_across_streams() -> None:
+def recomputable_through_a_view(
+    x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> torch.Tensor:
+    """The same read across streams through a view: the partitioner recomputes views
+    whatever their tag, so the op to save is the view's first reader (found by review)."""
+    with s1:
+        v = x.cos()
+    ready = torch.Event(device="cpu")
+    ready.record(s1)
+    ready.wait(s2)
+    with s2:
+        return (v.view(-1, 1) + x.view(-1, 1)) * w.view(-1, 1)
+
+
+@pytest.mark.parametrize("program", [recomputable_across_streams, recomputable_through_a_view])
+def test_backward_does_not_recompute_a_read_across_streams(program: Any) -> None:
     x, w = leaves()
     streams = (SimStream(device="cpu"), SimStream(device="cpu"))
-    captured = capture(recomputable_across_streams, x, w, *streams, backend="userstreams")
+    captured = capture(program, x, w, *streams, backend="userstreams")
     (backward_graph,) = captured.backward
     assert_stream_safe(backward_graph)

@@ -61,11 +61,31 @@ def _crosses_streams(node: torch.fx.Node) -> bool:
     return any(stream_of(user) != stream_of(node) for user in node.users)
 
 
+def _is_view(node: torch.fx.Node) -> bool:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _made_by(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that computed ``node``'s data: a view reads its base's (and the partitioner
+    recomputes views freely, whatever their tag)."""
+    while node.op == "call_function" and _is_view(node) and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return node
+
+
 def _reads_another_stream(node: torch.fx.Node) -> bool:
-    return any(
-        used.op == "call_function" and not is_backward(used) and stream_of(used) != stream_of(node)
-        for used in node.all_input_nodes
-    )
+    if _is_view(node):
+        return False  # its first non-view reader is the one to save
+    for used in node.all_input_nodes:
+        maker = _made_by(used)
+        if maker.op == "call_function" and not is_backward(maker):
+            if stream_of(maker) != stream_of(node):
+                return True
+    return False
 
 
 def _must_save(node: torch.fx.Node) -> bool:
