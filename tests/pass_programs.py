@@ -71,6 +71,14 @@ def allocated_here_used_there(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (u * w).sum()
 
 
+def loss_on_a_side_stream(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The whole function on one side stream: its backward reads the incoming gradient there
+    and returns gradients made there, so both edges of the compiled backward need a sync."""
+    side = torch.Stream(device="cpu")
+    with side:
+        return (x * w).sin().sum()
+
+
 PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
     fn.__name__: fn
     for fn in (
@@ -80,6 +88,7 @@ PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
         record_wait_across_streams,
         parameter_on_two_streams,
         allocated_here_used_there,
+        loss_on_a_side_stream,
     )
 }
 

@@ -73,9 +73,9 @@ def added_by(captured: Capture, pass_name: str) -> set[int]:
     return {e.index for e in table.entries if pass_name in e.added_by}
 
 
-def pick(gm: torch.fx.GraphModule, op: object, events: set[int]) -> Sync:
-    """The first sync ``op`` of ``gm`` on one of ``events``."""
-    return next(s for s in syncs(gm, op) if s.args[0] in events)
+def pick(gm: torch.fx.GraphModule, op: object, events: set[int], stream: int) -> Sync:
+    """The first sync ``op`` of ``gm`` on ``stream`` and one of ``events``."""
+    return next(s for s in syncs(gm, op) if s.args[0] in events and s.args[1] == stream)
 
 
 def without(gm: torch.fx.GraphModule, sync: Sync) -> SafetyResult:
@@ -97,7 +97,7 @@ def only(result: SafetyResult, kind: HazardKind) -> tuple[str, object, str, obje
 
 def test_deleting_a_backward_wait_is_a_read_after_write(captured: Capture) -> None:
     (bw,) = captured.backward
-    wait = pick(bw, streams_ops.wait_event.default, added_by(captured, "backward_syncs"))
+    wait = pick(bw, streams_ops.wait_event.default, added_by(captured, "backward_syncs"), SIDE)
     result = without(bw, wait)
     assert only(result, HazardKind.RAW) == ("mul_4", MAIN, "mul_5", SIDE)
     assert "record an event on stream 0 after mul_4 and wait for it on stream 1 before mul_5" in (
@@ -107,7 +107,7 @@ def test_deleting_a_backward_wait_is_a_read_after_write(captured: Capture) -> No
 
 def test_deleting_a_backward_record_leaves_the_wait_without_effect(captured: Capture) -> None:
     (bw,) = captured.backward
-    record = pick(bw, streams_ops.record_event.default, added_by(captured, "backward_syncs"))
+    record = pick(bw, streams_ops.record_event.default, added_by(captured, "backward_syncs"), MAIN)
     assert only(without(bw, record), HazardKind.RAW) == ("mul_4", MAIN, "mul_5", SIDE)
 
 
@@ -130,7 +130,7 @@ def test_deleting_a_sync_dealloc_lets_the_allocator_reuse_memory_early(captured:
 def test_deleting_the_dealloc_record_is_the_same_hazard(captured: Capture) -> None:
     (bw,) = captured.backward
     dealloc = dealloc_of(bw, "mul_4")
-    record = pick(bw, streams_ops.record_event.default, {dealloc.args[0]})
+    record = pick(bw, streams_ops.record_event.default, {dealloc.args[0]}, SIDE)
     assert only(without(bw, record), HazardKind.MEMORY_REUSE) == ("mul_6", SIDE, "add", MAIN)
 
 

@@ -110,7 +110,11 @@ def test_outputs_through_chains_of_views(backend: str) -> None:
     events = backward_events(binding_on(v))
     v.sum().backward()
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
-    assert all(event.recorded for event in events)
+    # The backward's edge syncs: issued by both aot_eager backends; dropped by userstreams
+    # on CPU-only graphs, where stream order is program order.
+    assert events
+    recorded = [event.recorded for event in events]
+    assert not any(recorded) if backend == "userstreams" else all(recorded)
 
 
 # 3. uninstall() while a backward is pending: A's backward waits landed on the streams of

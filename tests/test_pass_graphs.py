@@ -1,4 +1,4 @@
-"""The package's backward passes on six stream programs: graphs, gradients, bindings.
+"""The package's backward passes on seven stream programs: graphs, gradients, bindings.
 
 Graphs are frozen as inline expectations (``graph_text.render``: each node with its stream
 and the pass that added it). Regenerate with ``EXPECTTEST_ACCEPT=1`` and review the diff.
@@ -42,8 +42,8 @@ input primals_2
 mul = mul.Tensor(primals_1, primals_2)  @stream 0
 sin = sin(mul)  @stream 1
 add = add.Tensor(mul, sin)
-streams.record_event(6, 3)  # dealloc_syncs
-streams.sync_dealloc(6, 1, sin)  # dealloc_syncs
+streams.record_event(10, 3)  # dealloc_syncs
+streams.sync_dealloc(10, 1, sin)  # dealloc_syncs
 sum_1 = sum(add)
 return [sum_1, primals_1, primals_2, mul]
 backward:
@@ -54,22 +54,26 @@ input tangents_1
 expand = expand(tangents_1, [4])
 streams.record_event(2, 3)  # backward_syncs
 cos = cos(mul)  @stream 1
-streams.record_event(5, 1)  # dealloc_syncs
-streams.sync_dealloc(5, 0, mul)  # dealloc_syncs
+streams.record_event(9, 1)  # dealloc_syncs
+streams.sync_dealloc(9, 0, mul)  # dealloc_syncs
 streams.wait_event(2, 1)  # backward_syncs
 mul_1 = mul.Tensor(expand, cos)  @stream 1
 streams.record_event(7, 1)  # dealloc_syncs
-streams.sync_dealloc(7, 3, expand)  # dealloc_syncs
+streams.sync_dealloc(7, 3, tangents_1)  # dealloc_syncs
 streams.record_event(4, 1)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
 streams.wait_event(4, 0)  # backward_syncs
 add_1 = add.Tensor(expand, mul_1)  @stream 0  # grad_accumulation
-streams.record_event(9, 0)  # dealloc_syncs
-streams.sync_dealloc(9, 1, mul_1)  # dealloc_syncs
+streams.record_event(11, 0)  # dealloc_syncs
+streams.sync_dealloc(11, 1, mul_1)  # dealloc_syncs
 streams.record_event(8, 0)  # dealloc_syncs
-streams.sync_dealloc(8, 3, expand)  # dealloc_syncs
+streams.sync_dealloc(8, 3, tangents_1)  # dealloc_syncs
 mul_2 = mul.Tensor(add_1, primals_1)  @stream 0
+streams.record_event(6, 0)  # backward_syncs
 mul_3 = mul.Tensor(add_1, primals_2)  @stream 0
+streams.record_event(5, 0)  # backward_syncs
+streams.wait_event(5, 3)  # backward_syncs
+streams.wait_event(6, 3)  # backward_syncs
 return [mul_3, mul_2]""",
         )
 
@@ -82,13 +86,13 @@ input primals_1
 input primals_2
 mul = mul.Tensor(primals_1, primals_2)  @stream 0
 exp = exp(mul)  @stream 1
-streams.record_event(6, 1)  # dealloc_syncs
-streams.sync_dealloc(6, 0, mul)  # dealloc_syncs
+streams.record_event(9, 1)  # dealloc_syncs
+streams.sync_dealloc(9, 0, mul)  # dealloc_syncs
 detach = detach(exp)  @stream 1
 mul_1 = mul.Tensor(exp, primals_2)  @stream 0
 sum_1 = sum(mul_1)
-streams.record_event(8, 3)  # dealloc_syncs
-streams.sync_dealloc(8, 0, mul_1)  # dealloc_syncs
+streams.record_event(11, 3)  # dealloc_syncs
+streams.sync_dealloc(11, 0, mul_1)  # dealloc_syncs
 return [sum_1, primals_1, primals_2, exp, detach]
 backward:
 input primals_1
@@ -100,24 +104,28 @@ expand = expand(tangents_1, [4])
 streams.record_event(2, 3)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
 mul_2 = mul.Tensor(expand, exp)  @stream 0
-streams.record_event(7, 0)  # dealloc_syncs
-streams.sync_dealloc(7, 1, exp)  # dealloc_syncs
+streams.record_event(10, 0)  # dealloc_syncs
+streams.sync_dealloc(10, 1, exp)  # dealloc_syncs
 mul_3 = mul.Tensor(expand, primals_2)  @stream 0
-streams.record_event(9, 0)  # dealloc_syncs
-streams.sync_dealloc(9, 3, expand)  # dealloc_syncs
+streams.record_event(8, 0)  # dealloc_syncs
+streams.sync_dealloc(8, 3, tangents_1)  # dealloc_syncs
 streams.record_event(4, 0)  # backward_syncs
 detach_1 = detach(detach)  @stream 1
 streams.wait_event(4, 1)  # backward_syncs
 mul_4 = mul.Tensor(mul_3, detach_1)  @stream 1
-streams.record_event(10, 1)  # dealloc_syncs
-streams.sync_dealloc(10, 0, mul_3)  # dealloc_syncs
+streams.record_event(12, 1)  # dealloc_syncs
+streams.sync_dealloc(12, 0, mul_3)  # dealloc_syncs
 streams.record_event(5, 1)  # backward_syncs
 streams.wait_event(5, 0)  # backward_syncs
 mul_5 = mul.Tensor(mul_4, primals_1)  @stream 0
 mul_6 = mul.Tensor(mul_4, primals_2)  @stream 0
-streams.record_event(11, 0)  # dealloc_syncs
-streams.sync_dealloc(11, 1, mul_4)  # dealloc_syncs
+streams.record_event(13, 0)  # dealloc_syncs
+streams.sync_dealloc(13, 1, mul_4)  # dealloc_syncs
+streams.record_event(6, 0)  # backward_syncs
 add = add.Tensor(mul_2, mul_5)  @stream 0  # grad_accumulation
+streams.record_event(7, 0)  # backward_syncs
+streams.wait_event(6, 3)  # backward_syncs
+streams.wait_event(7, 3)  # backward_syncs
 return [mul_6, add]""",
         )
 
@@ -134,8 +142,8 @@ add = add.Tensor(primals_1, 1)  @stream 0
 mul = mul.Tensor(primals_2, add)  @stream 0
 mul_1 = mul.Tensor(mul, primals_3)  @stream 0
 sum_1 = sum(mul_1)
-streams.record_event(3, 2)  # dealloc_syncs
-streams.sync_dealloc(3, 0, mul_1)  # dealloc_syncs
+streams.record_event(6, 2)  # dealloc_syncs
+streams.sync_dealloc(6, 0, mul_1)  # dealloc_syncs
 return [add, sum_1, primals_3, add, mul]
 backward:
 input primals_3
@@ -146,10 +154,14 @@ expand = expand(tangents_1, [4])
 streams.record_event(1, 2)  # backward_syncs
 streams.wait_event(1, 0)  # backward_syncs
 mul_2 = mul.Tensor(expand, mul)  @stream 0
+streams.record_event(4, 0)  # backward_syncs
 mul_3 = mul.Tensor(expand, primals_3)  @stream 0
-streams.record_event(4, 0)  # dealloc_syncs
-streams.sync_dealloc(4, 2, expand)  # dealloc_syncs
+streams.record_event(5, 0)  # dealloc_syncs
+streams.sync_dealloc(5, 2, tangents_1)  # dealloc_syncs
 mul_4 = mul.Tensor(mul_3, add)  @stream 0
+streams.record_event(3, 0)  # backward_syncs
+streams.wait_event(3, 2)  # backward_syncs
+streams.wait_event(4, 2)  # backward_syncs
 return [None, mul_4, mul_2]""",
         )
 
@@ -167,8 +179,8 @@ streams.wait_event(2, 1)
 cos = cos(mul)  @stream 1
 mul_1 = mul.Tensor(cos, primals_2)  @stream 1
 sum_1 = sum(mul_1)
-streams.record_event(8, 4)  # dealloc_syncs
-streams.sync_dealloc(8, 1, mul_1)  # dealloc_syncs
+streams.record_event(11, 4)  # dealloc_syncs
+streams.sync_dealloc(11, 1, mul_1)  # dealloc_syncs
 return [sum_1, primals_1, primals_2, mul, cos]
 backward:
 input primals_1
@@ -182,10 +194,10 @@ streams.wait_event(3, 1)  # backward_syncs
 mul_2 = mul.Tensor(expand, cos)  @stream 1
 mul_3 = mul.Tensor(expand, primals_2)  @stream 1
 streams.record_event(9, 1)  # dealloc_syncs
-streams.sync_dealloc(9, 4, expand)  # dealloc_syncs
+streams.sync_dealloc(9, 4, tangents_1)  # dealloc_syncs
 sin = sin(mul)  @stream 1
-streams.record_event(7, 1)  # dealloc_syncs
-streams.sync_dealloc(7, 0, mul)  # dealloc_syncs
+streams.record_event(10, 1)  # dealloc_syncs
+streams.sync_dealloc(10, 0, mul)  # dealloc_syncs
 neg = neg(sin)  @stream 1
 mul_4 = mul.Tensor(mul_3, neg)  @stream 1
 streams.record_event(5, 1)  # backward_syncs
@@ -193,12 +205,16 @@ streams.wait_event(5, 0)  # backward_syncs
 mul_5 = mul.Tensor(mul_4, primals_1)  @stream 0
 streams.record_event(6, 0)  # backward_syncs
 mul_6 = mul.Tensor(mul_4, primals_2)  @stream 0
-streams.record_event(10, 0)  # dealloc_syncs
-streams.sync_dealloc(10, 1, mul_4)  # dealloc_syncs
+streams.record_event(12, 0)  # dealloc_syncs
+streams.sync_dealloc(12, 1, mul_4)  # dealloc_syncs
+streams.record_event(7, 0)  # backward_syncs
 streams.wait_event(6, 1)  # backward_syncs
 add = add.Tensor(mul_2, mul_5)  @stream 1  # grad_accumulation
-streams.record_event(11, 1)  # dealloc_syncs
-streams.sync_dealloc(11, 0, mul_5)  # dealloc_syncs
+streams.record_event(13, 1)  # dealloc_syncs
+streams.sync_dealloc(13, 0, mul_5)  # dealloc_syncs
+streams.record_event(8, 1)  # backward_syncs
+streams.wait_event(7, 4)  # backward_syncs
+streams.wait_event(8, 4)  # backward_syncs
 return [mul_6, add]""",
         )
 
@@ -224,35 +240,39 @@ input mul_1
 input tangents_1
 expand = expand(tangents_1, [4])
 mul_3 = mul.Tensor(expand, mul)
-streams.record_event(7, 3)  # dealloc_syncs
-streams.sync_dealloc(7, 0, mul)  # dealloc_syncs
+streams.record_event(9, 3)  # dealloc_syncs
+streams.sync_dealloc(9, 0, mul)  # dealloc_syncs
 streams.record_event(2, 3)  # backward_syncs
 mul_4 = mul.Tensor(expand, mul_1)
-streams.record_event(8, 3)  # dealloc_syncs
-streams.sync_dealloc(8, 1, mul_1)  # dealloc_syncs
+streams.record_event(10, 3)  # dealloc_syncs
+streams.sync_dealloc(10, 1, mul_1)  # dealloc_syncs
 streams.record_event(4, 3)  # backward_syncs
 streams.wait_event(2, 1)  # backward_syncs
 mul_5 = mul.Tensor(mul_3, sin)  @stream 1
 mul_6 = mul.Tensor(mul_3, primals_2)  @stream 1
-streams.record_event(9, 1)  # dealloc_syncs
-streams.sync_dealloc(9, 3, mul_3)  # dealloc_syncs
+streams.record_event(11, 1)  # dealloc_syncs
+streams.sync_dealloc(11, 3, mul_3)  # dealloc_syncs
 cos = cos(primals_1)  @stream 1
 mul_7 = mul.Tensor(mul_6, cos)  @stream 1
 streams.wait_event(4, 0)  # backward_syncs
 mul_8 = mul.Tensor(mul_4, primals_1)  @stream 0
 streams.record_event(6, 0)  # backward_syncs
 mul_9 = mul.Tensor(mul_4, primals_2)  @stream 0
-streams.record_event(10, 0)  # dealloc_syncs
-streams.sync_dealloc(10, 3, mul_4)  # dealloc_syncs
+streams.record_event(12, 0)  # dealloc_syncs
+streams.sync_dealloc(12, 3, mul_4)  # dealloc_syncs
 streams.record_event(5, 0)  # backward_syncs
 streams.wait_event(5, 1)  # backward_syncs
 add = add.Tensor(mul_7, mul_9)  @stream 1  # grad_accumulation
-streams.record_event(12, 1)  # dealloc_syncs
-streams.sync_dealloc(12, 0, mul_9)  # dealloc_syncs
+streams.record_event(14, 1)  # dealloc_syncs
+streams.sync_dealloc(14, 0, mul_9)  # dealloc_syncs
+streams.record_event(7, 1)  # backward_syncs
 streams.wait_event(6, 1)  # backward_syncs
 add_1 = add.Tensor(mul_5, mul_8)  @stream 1  # grad_accumulation
-streams.record_event(11, 1)  # dealloc_syncs
-streams.sync_dealloc(11, 0, mul_8)  # dealloc_syncs
+streams.record_event(13, 1)  # dealloc_syncs
+streams.sync_dealloc(13, 0, mul_8)  # dealloc_syncs
+streams.record_event(8, 1)  # backward_syncs
+streams.wait_event(7, 3)  # backward_syncs
+streams.wait_event(8, 3)  # backward_syncs
 return [add, add_1]""",
         )
 
@@ -265,8 +285,8 @@ input primals_1
 input primals_2
 mul = mul.Tensor(primals_1, primals_2)  @stream 0
 tanh = tanh(mul)  @stream 1
-streams.record_event(6, 1)  # dealloc_syncs
-streams.sync_dealloc(6, 0, mul)  # dealloc_syncs
+streams.record_event(8, 1)  # dealloc_syncs
+streams.sync_dealloc(8, 0, mul)  # dealloc_syncs
 detach = detach(tanh)  @stream 1
 mul_1 = mul.Tensor(tanh, 2)  @stream 1
 mul_2 = mul.Tensor(mul_1, primals_2)
@@ -280,28 +300,67 @@ input mul_1
 input tangents_1
 expand = expand(tangents_1, [4])
 mul_3 = mul.Tensor(expand, mul_1)
-streams.record_event(7, 3)  # dealloc_syncs
-streams.sync_dealloc(7, 1, mul_1)  # dealloc_syncs
+streams.record_event(9, 3)  # dealloc_syncs
+streams.sync_dealloc(9, 1, mul_1)  # dealloc_syncs
 streams.record_event(5, 3)  # backward_syncs
 mul_4 = mul.Tensor(expand, primals_2)
 streams.record_event(2, 3)  # backward_syncs
 streams.wait_event(2, 1)  # backward_syncs
 mul_5 = mul.Tensor(mul_4, 2)  @stream 1
-streams.record_event(9, 1)  # dealloc_syncs
-streams.sync_dealloc(9, 3, mul_4)  # dealloc_syncs
+streams.record_event(11, 1)  # dealloc_syncs
+streams.sync_dealloc(11, 3, mul_4)  # dealloc_syncs
 detach_1 = detach(detach)  @stream 1
 tanh_backward = tanh_backward(mul_5, detach_1)  @stream 1
 streams.record_event(4, 1)  # backward_syncs
 streams.wait_event(4, 0)  # backward_syncs
 mul_6 = mul.Tensor(tanh_backward, primals_1)  @stream 0
 mul_7 = mul.Tensor(tanh_backward, primals_2)  @stream 0
-streams.record_event(10, 0)  # dealloc_syncs
-streams.sync_dealloc(10, 1, tanh_backward)  # dealloc_syncs
+streams.record_event(12, 0)  # dealloc_syncs
+streams.sync_dealloc(12, 1, tanh_backward)  # dealloc_syncs
+streams.record_event(6, 0)  # backward_syncs
 streams.wait_event(5, 0)  # backward_syncs
 add = add.Tensor(mul_3, mul_6)  @stream 0  # grad_accumulation
-streams.record_event(8, 0)  # dealloc_syncs
-streams.sync_dealloc(8, 3, mul_3)  # dealloc_syncs
+streams.record_event(10, 0)  # dealloc_syncs
+streams.sync_dealloc(10, 3, mul_3)  # dealloc_syncs
+streams.record_event(7, 0)  # backward_syncs
+streams.wait_event(6, 3)  # backward_syncs
+streams.wait_event(7, 3)  # backward_syncs
 return [mul_7, add]""",
+        )
+
+    def test_loss_on_a_side_stream(self) -> None:
+        """The compiled backward runs on the current stream: the side stream waits for it
+        before reading the incoming gradient, and it waits for the side stream's gradients
+        before returning them."""
+        self.assertExpectedInline(
+            self.graphs("loss_on_a_side_stream"),
+            """\
+forward:
+input primals_1
+input primals_2
+mul = mul.Tensor(primals_1, primals_2)  @stream 0
+sin = sin(mul)  @stream 0
+sum_1 = sum(sin)  @stream 0
+return [sum_1, primals_1, primals_2, mul]
+backward:
+input primals_1
+input primals_2
+input mul
+input tangents_1
+streams.record_event(2, 1)  # backward_syncs
+streams.wait_event(2, 0)  # backward_syncs
+expand = expand(tangents_1, [4])  @stream 0
+cos = cos(mul)  @stream 0
+mul_1 = mul.Tensor(expand, cos)  @stream 0
+streams.record_event(5, 0)  # dealloc_syncs
+streams.sync_dealloc(5, 1, tangents_1)  # dealloc_syncs
+mul_2 = mul.Tensor(mul_1, primals_1)  @stream 0
+streams.record_event(4, 0)  # backward_syncs
+mul_3 = mul.Tensor(mul_1, primals_2)  @stream 0
+streams.record_event(3, 0)  # backward_syncs
+streams.wait_event(3, 1)  # backward_syncs
+streams.wait_event(4, 1)  # backward_syncs
+return [mul_3, mul_2]""",
         )
 
 

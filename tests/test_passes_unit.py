@@ -166,8 +166,8 @@ def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
     on_1a = node(graph, ops.aten.cos.default, (producer,), stream=1)
     on_1b = node(graph, ops.aten.neg.default, (producer,), stream=1)
     on_2 = node(graph, ops.aten.exp.default, (producer,), stream=2)
-    same = node(graph, ops.aten.abs.default, (producer,), stream=0)
-    graph.output((on_1a, on_1b, on_2, same))
+    node(graph, ops.aten.abs.default, (producer,), stream=0)
+    graph.output(None)  # nothing returned: no syncs at the graph's exit
     gm = module(graph)
     assert run(backward_syncs.PASS, gm, compile_)
     gm.graph.lint()
@@ -175,6 +175,7 @@ def test_backward_syncs_one_event_per_producer_one_wait_per_stream(
     waits = syncs(gm, ops.streams.wait_event.default)
     assert record.prev is producer and record.args[1] == 0
     assert [(w.next, w.args[1]) for w in waits] == [(on_1a, 1), (on_2, 2)]
+    assert on_1b.prev is on_1a, "one wait per stream"
     assert {w.args[0] for w in waits} == {record.args[0]}
     assert [e.phase for e in compile_.table.entries[STREAMS:]] == [Phase.BACKWARD]
     assert [e.added_by for e in compile_.table.entries[STREAMS:]] == ["backward_syncs"]
@@ -186,13 +187,41 @@ def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     producer = node(graph, ops.aten.sin.default, (x,))
-    consumer = node(graph, ops.aten.cos.default, (producer,), stream=0)
-    graph.output(consumer)
+    node(graph, ops.aten.cos.default, (producer,), stream=0)
+    graph.output(None)
     gm = module(graph)
     run(backward_syncs.PASS, gm, compile_)
     (record,) = syncs(gm, ops.streams.record_event.default)
     current = compile_.table.entries[record.args[1]]
     assert current.origin == "current stream of cpu" and current.always_loaded
+
+
+def test_backward_syncs_order_the_current_stream_at_the_graphs_edges(
+    compile_: GraphCompile,
+) -> None:
+    """The engine runs the compiled backward on the current stream: another stream waits for
+    it before reading an incoming gradient, and it waits for gradients made elsewhere."""
+    graph = torch.fx.Graph()
+    tangent = graph.placeholder("tangents_1")
+    tangent.meta["val"] = VAL
+    reads = node(graph, ops.aten.cos.default, (tangent,), stream=1)
+    reads_again = node(graph, ops.aten.neg.default, (tangent,), stream=1)
+    on_current = node(graph, ops.aten.abs.default, (tangent,))
+    grad = node(graph, ops.aten.mul.Tensor, (reads, reads_again), stream=1)
+    output = graph.output((grad, on_current))
+    gm = module(graph)
+    notes = run(backward_syncs.PASS, gm, compile_)
+    gm.graph.lint()
+    current = compile_.current_stream(torch.device("cpu"), added_by="test")
+    entry_record, exit_record = syncs(gm, ops.streams.record_event.default)
+    entry_wait, exit_wait = syncs(gm, ops.streams.wait_event.default)
+    assert (entry_record.args[1], entry_wait.args[1]) == (current, 1)
+    assert entry_record.next is entry_wait and entry_wait.next is reads
+    assert entry_wait.args[0] == entry_record.args[0]
+    assert (exit_record.prev, exit_record.args[1]) == (grad, 1)
+    assert (exit_wait.next, exit_wait.args[1]) == (output, current)
+    assert exit_wait.args[0] == exit_record.args[0] != entry_record.args[0]
+    assert len(notes) == 4, "one wait per stream; nothing for work on the current stream"
 
 
 def test_dealloc_sync_after_the_last_use_on_another_stream(compile_: GraphCompile) -> None:

@@ -57,6 +57,11 @@ def is_backward(node: torch.fx.Node) -> bool:
     return node.meta.get(PARTITIONER_TAG) in BACKWARD_TAGS
 
 
+def is_tangent(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an incoming gradient of a joint graph (AOTAutograd's naming)."""
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
 def is_gradient_accumulation(node: torch.fx.Node) -> bool:
     return bool(node.meta.get(GRADIENT_ACCUMULATION, False))
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.fx
+
 NAMESPACE = "streams"
 OWN_NAMESPACE = "userstreams"
 _NAMESPACES = frozenset({NAMESPACE, OWN_NAMESPACE})
@@ -30,6 +33,23 @@ def op_name(target: Any) -> str:
     """``record_event`` for ``torch.ops.streams.record_event`` (the overload or its packet)."""
     name = getattr(target, "_opname", None) or getattr(target, "_qualified_op_name", None)
     return str(name or target).rsplit("::", 1)[-1]
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s op returns a view of an input (it computes nothing of its own)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def made_by(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that computed ``node``'s data: a view reads its base's (and the partitioner
+    recomputes views freely, whatever their tag)."""
+    while node.op == "call_function" and is_view(node) and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return node
 
 
 def native_op(name: str) -> Any | None:

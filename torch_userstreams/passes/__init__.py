@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.fx
 
 from ..compile import graph_compile
-from ..fx.meta import stream_of
+from ..fx.meta import is_tangent, stream_of
 from ..fx.ops import is_sync_op
 from . import (
     backward_phase,
@@ -67,9 +67,7 @@ def sync_deallocations(gm: torch.fx.GraphModule) -> None:
 def _is_joint(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` is a joint graph: it takes tangents. A backward tag does not tell: an
     inference graph's epilogue copy into a mutated input is tagged ``must_be_in_backward``."""
-    return any(
-        node.op == "placeholder" and "tangents" in str(node.target) for node in gm.graph.nodes
-    )
+    return any(is_tangent(node) for node in gm.graph.nodes)
 
 
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:

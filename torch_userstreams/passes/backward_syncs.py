@@ -3,10 +3,21 @@
 Rule: for each value a backward node produces and each *other* stream that consumes it in the
 backward, the consumer stream waits for it. One event per producer, recorded right after the
 producer on its stream; one wait per (producer, consumer stream), right before the first
-consumer on that stream. Incoming gradients are not synced here: the autograd engine already
-makes the backward wait for the stream that produced them. Unlike native's pass, CPU values
-are handled too: on CPU the syncs are logged no-ops, but the events they name are still
-materialized and resolved per call.
+consumer on that stream. Unlike native's pass, CPU values are handled too: on CPU the syncs
+are logged no-ops, but the events they name are still materialized and resolved per call.
+
+The compiled backward is one autograd node, and the engine runs it on the forward call's
+current stream: it makes that stream wait for the incoming gradients, and takes the returned
+gradients as made there. Eager runs each op's backward on its own forward stream, and the
+engine syncs every edge. So, at the graph's edges:
+
+* entry: each other stream that reads an incoming gradient (a tangent) waits for the current
+  stream first (an event recorded on the current stream right before that stream's first
+  such read);
+* exit: each returned gradient made on another stream is waited for by the current stream
+  before the graph returns (an event recorded right after the node that made it).
+
+Incoming gradients read on other streams are also freed safely: ``dealloc_syncs``.
 """
 
 from __future__ import annotations
@@ -15,8 +26,8 @@ import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import is_backward, mark_phase, record, stream_of
-from ..fx.ops import is_sync_op
+from ..fx.meta import device_of, is_backward, is_tangent, mark_phase, record, stream_of
+from ..fx.ops import is_sync_op, made_by
 from .contract import GraphPass
 from .devices import event_device, new_event, stream_index
 
@@ -47,6 +58,93 @@ def _sync(graph: torch.fx.Graph, target: object, args: tuple[object, ...], note:
     return f"{record(node, NAME, note).note} [{node.name}]"
 
 
+def _edge_device(value: torch.fx.Node, stream: int, compile_: GraphCompile) -> torch.device | None:
+    """The device of an event between ``stream`` and the current stream over ``value``;
+    None when ``value`` is a CPU tensor under an accelerator stream (host order)."""
+    device = compile_.table.device(stream)
+    return device if device.type == device_of(value).type else None
+
+
+def _first_tangent_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node, torch.fx.Node]]:
+    """For each annotated stream: (tangent, its first backward reader on that stream)."""
+    first: dict[int, tuple[torch.fx.Node, torch.fx.Node]] = {}
+    for node in graph.nodes:
+        stream = stream_of(node)
+        if not _is_backward_value(node) or stream is None or stream in first:
+            continue
+        tangent = next((arg for arg in node.all_input_nodes if is_tangent(arg)), None)
+        if tangent is not None:
+            first[stream] = (tangent, node)
+    return first
+
+
+def _entry_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
+    notes = []
+    for stream, (tangent, reader) in _first_tangent_reads(graph).items():
+        device = _edge_device(tangent, stream, compile_)
+        if device is None:
+            continue
+        current = compile_.current_stream(device, added_by=NAME)
+        if current == stream:
+            continue
+        event = new_event(compile_, device, added_by=NAME, backward=True)
+        why = f"{reader.name} reads the incoming gradient {tangent.name} on another stream"
+        with graph.inserting_before(reader):
+            notes.append(
+                _sync(graph, torch.ops.streams.record_event.default, (event, current), why)
+            )
+            notes.append(
+                _sync(
+                    graph,
+                    torch.ops.streams.wait_event.default,
+                    (event, stream),
+                    f"{reader.name} waits for the gradients the backward was given",
+                )
+            )
+    return notes
+
+
+def _returned_gradient_makers(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The backward nodes on an annotated stream that made a returned value, in order."""
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    makers = dict.fromkeys(made_by(value) for value in output.all_input_nodes)
+    return [node for node in makers if _is_backward_value(node) and stream_of(node) is not None]
+
+
+def _exit_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    notes = []
+    for maker in _returned_gradient_makers(graph):
+        stream = stream_of(maker)
+        assert stream is not None
+        device = _edge_device(maker, stream, compile_)
+        if device is None:
+            continue
+        current = compile_.current_stream(device, added_by=NAME)
+        if current == stream:
+            continue
+        event = new_event(compile_, device, added_by=NAME, backward=True)
+        with graph.inserting_after(maker):
+            notes.append(
+                _sync(
+                    graph,
+                    torch.ops.streams.record_event.default,
+                    (event, stream),
+                    f"after {maker.name}, which makes a gradient the backward returns",
+                )
+            )
+        with graph.inserting_before(output):
+            notes.append(
+                _sync(
+                    graph,
+                    torch.ops.streams.wait_event.default,
+                    (event, current),
+                    f"the current stream waits for {maker.name} before the backward returns",
+                )
+            )
+    return notes
+
+
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     graph = gm.graph
     events: dict[torch.fx.Node, int] = {}
@@ -75,7 +173,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
                     f"{consumer.name} waits for {producer.name}",
                 )
             )
-    return notes
+    return notes + _entry_syncs(graph, compile_) + _exit_syncs(graph, compile_)
 
 
 PASS = GraphPass(

@@ -18,9 +18,14 @@ value without the forward's sync (torch 2.11, which does not wrap syncs in
 ``control_deps``, let the min-cut partitioner recompute such a chain). A must-save tensor
 the backward does not use is not saved.
 
-Limits: tensors that escape as graph outputs are owned by the caller and skipped; uses
-through views count only through the view's own users; a saved tensor's forward uses on
-other streams are not synced again in the backward.
+An incoming gradient (a tangent) is allocated on the current stream and dies in the
+backward: read on another stream, it gets the same sync.
+
+Uses through views count as uses of the viewed tensor: the view keeps its memory alive.
+
+Limits: tensors that escape as graph outputs (directly or through a view) are owned by the
+caller and skipped; a saved tensor's forward uses on other streams are not synced again in
+the backward.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ import torch.fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import is_backward, mark_phase, record, stream_of
-from ..fx.ops import is_sync_op
+from ..fx.meta import is_backward, is_tangent, mark_phase, record, stream_of
+from ..fx.ops import is_sync_op, is_view, made_by
 from .contract import GraphPass
 from .devices import event_device, new_event, stream_index
 
@@ -42,16 +47,29 @@ def _dies_in_backward(node: torch.fx.Node) -> bool:
     return is_backward(node) or any(is_backward(user) for user in node.users)
 
 
+def _readers(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """The nodes that read ``node``'s memory: its users, and the users of its views (a view
+    reads nothing itself, but keeps the memory alive for what reads it)."""
+    readers: set[torch.fx.Node] = set()
+    for user in node.users:
+        if user.op == "call_function" and is_view(user):
+            readers |= _readers(user)
+        else:
+            readers.add(user)
+    return readers
+
+
 def _last_use_on_other_streams(
     node: torch.fx.Node, order: dict[torch.fx.Node, int]
 ) -> list[torch.fx.Node]:
     """For each stream other than ``node``'s that uses it in the phase it dies in, that
-    stream's last user there."""
-    if any(user.op == "output" for user in node.users):
+    stream's last reader there (through views)."""
+    readers = _readers(node)
+    if any(user.op == "output" for user in readers):
         return []
     backward = _dies_in_backward(node)
     last: dict[int | None, torch.fx.Node] = {}
-    for user in sorted(node.users, key=order.__getitem__):
+    for user in sorted(readers, key=order.__getitem__):
         if is_backward(user) == backward and stream_of(user) != stream_of(node):
             last[stream_of(user)] = user
     return list(last.values())
@@ -61,27 +79,11 @@ def _crosses_streams(node: torch.fx.Node) -> bool:
     return any(stream_of(user) != stream_of(node) for user in node.users)
 
 
-def _is_view(node: torch.fx.Node) -> bool:
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-
-
-def _made_by(node: torch.fx.Node) -> torch.fx.Node:
-    """The node that computed ``node``'s data: a view reads its base's (and the partitioner
-    recomputes views freely, whatever their tag)."""
-    while node.op == "call_function" and _is_view(node) and node.all_input_nodes:
-        node = node.all_input_nodes[0]
-    return node
-
-
 def _reads_another_stream(node: torch.fx.Node) -> bool:
-    if _is_view(node):
+    if is_view(node):
         return False  # its first non-view reader is the one to save
     for used in node.all_input_nodes:
-        maker = _made_by(used)
+        maker = made_by(used)
         if maker.op == "call_function" and not is_backward(maker):
             if stream_of(maker) != stream_of(node):
                 return True
@@ -100,12 +102,14 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     order = {node: i for i, node in enumerate(graph.nodes)}
     notes: list[str] = []
     for node in list(graph.nodes):
-        if node.op != "call_function" or is_sync_op(node.target):
+        if not (node.op == "call_function" or is_tangent(node)) or is_sync_op(node.target):
             continue
         if not isinstance(node.meta.get("val"), torch.Tensor):
             continue
-        if _must_save(node):
+        if node.op == "call_function" and _must_save(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        if node.op == "call_function" and is_view(node):
+            continue  # it allocates nothing: its readers count for the tensor it views
         for last in _last_use_on_other_streams(node, order):
             device = event_device(node, last, node, compile_)
             if device is not None:
