@@ -152,3 +152,39 @@ def test_streams_inside_subgraphs_give_eagers_gradients(
         torch.compile(fn, backend=backend)(x, w, s, e).backward()
         fn(ex, ew, s, e).backward()
     torch.testing.assert_close((x.grad, w.grad), (ex.grad, ew.grad))
+
+
+def dropped_on_stream(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        a = torch.nn.functional.dropout(x * w, 0.5, training=True)
+        b = torch.rand_like(a)
+    return a * w + b
+
+
+def checkpointed_dropout(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    return checkpoint(dropped_on_stream, x, w, s, use_reentrant=False).sum()  # type: ignore[no-any-return]
+
+
+def test_capture_partitions_a_checkpointed_sync_as_the_backend_does() -> None:
+    """``testing.capture`` records the graphs ``userstreams_aot_eager`` runs: a checkpointed
+    body with random ops on a side stream (a ``sync_dealloc`` inside the
+    checkpoint) is partitioned by the backend's partitioner, not refused by ``aot_eager``'s."""
+    from torch_userstreams.testing import capture
+
+    def grads(run: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(0)
+        x, w = torch.ones(8, requires_grad=True), torch.full((8,), 2.0, requires_grad=True)
+        run(x, w)
+        assert x.grad is not None and w.grad is not None
+        return x.grad, w.grad
+
+    def captured(x: torch.Tensor, w: torch.Tensor) -> None:
+        capture(checkpointed_dropout, x, w, SimStream(device="cpu"))
+
+    def compiled(x: torch.Tensor, w: torch.Tensor) -> None:
+        fn = torch.compile(checkpointed_dropout, backend="userstreams_aot_eager")
+        fn(x, w, SimStream(device="cpu")).backward()
+
+    want = grads(compiled)
+    torch._dynamo.reset()
+    torch.testing.assert_close(grads(captured), want)

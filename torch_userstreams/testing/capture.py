@@ -82,6 +82,7 @@ def _recording(
 def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
 
+    from ..backends import partition_for_executor
     from ..backends.executor import compile_with_streams
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -89,6 +90,7 @@ def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
         inner = aot_autograd(
             fw_compiler=_recording(result.forward, table, compile_with_streams),
             bw_compiler=_recording(result.backward, table, compile_with_streams),
+            partition_fn=partition_for_executor,  # the backend's own: the graphs it runs
         )
         return inner(gm, example_inputs)
 
