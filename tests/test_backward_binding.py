@@ -205,3 +205,37 @@ def test_explain_marks_backward_objects() -> None:
     assert phases == {Phase.FORWARD, Phase.BACKWARD}
     text = str(report)
     assert "backward" in text and "added by backward_syncs" in text
+
+
+def mutate_on_stream(x: torch.Tensor, s: torch.Stream) -> None:
+    with s:
+        y = (x * 2).exp()
+    x.add_(y)
+
+
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_backward_through_an_input_mutated_in_place(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No output carries an autograd graph: the call's backward hangs on the mutated input's
+    history, and still resolves the call's own stream (it raised "called outside any compiled
+    call", or silently took native's table's objects)."""
+    from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+
+    entered: list[torch.Stream] = []
+    enter = FakeAcceleratorStream.__enter__
+
+    def logged_enter(self: FakeAcceleratorStream) -> None:
+        entered.append(self)
+        enter(self)
+
+    monkeypatch.setattr(FakeAcceleratorStream, "__enter__", logged_enter)
+    with fake_accelerator():  # the regions of userstreams run on accelerator streams
+        leaf = torch.rand(4, requires_grad=True)
+        x = leaf * 1
+        stream = FakeAcceleratorStream()
+        torch.compile(mutate_on_stream, backend=backend)(x, stream)
+        entered.clear()
+        x.sum().backward()
+    torch.testing.assert_close(leaf.grad, 1 + 2 * (2 * leaf.detach()).exp())
+    assert entered and all(s is stream for s in entered), "the call's own stream"

@@ -19,8 +19,8 @@ from . import native
 from .binding import Binding
 from .state import never_trace, state
 
-# Called after a call whose outputs carry an autograd graph, with the call's binding, its
-# outputs and the autograd sequence numbers of the nodes the call made ([first, last)).
+# Called after a call that made autograd nodes, with the call's binding, the values to walk
+# from (its outputs, else its inputs) and the sequence numbers of those nodes ([first, last)).
 AfterForward = Callable[[Binding, Any, int, int], bool]
 
 
@@ -62,7 +62,6 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
     as the thread's current binding, then hand it to the backward (``after_forward``)."""
     thread = state
     fn = bound.fn
-    tensor = torch.Tensor
     next_sequence_nr = torch._C._autograd._get_sequence_nr
 
     def run(*args: Any) -> Any:
@@ -81,15 +80,37 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         finally:
             calls.current = outer
         if bound.after_forward is not None:
-            # Only outputs that carry an autograd graph have a backward to hand over to.
-            for item in out if type(out) is tuple or type(out) is list else (out,):
-                if isinstance(item, tensor) and item.grad_fn is not None:
-                    if not bound.after_forward(binding, out, first, next_sequence_nr()):
-                        bound.after_forward = None  # this graph makes no node to hold it
-                    break
+            last = next_sequence_nr()
+            if last != first:  # the call made autograd nodes: hand the binding over
+                handed = _hand_over(bound.after_forward, binding, out, args, first, last)
+                if handed is False:
+                    bound.after_forward = None  # this graph makes no node to hold it
         if bound.returns_objects:
             calls.last = binding
         return out
 
     never_trace(run)
     return run
+
+
+def _carries_graph(values: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in values)
+
+
+def _hand_over(
+    after_forward: AfterForward,
+    binding: Binding,
+    out: Any,
+    args: tuple[Any, ...],
+    first: int,
+    last: int,
+) -> bool | None:
+    """Give the call's binding to the autograd nodes it made: found from its outputs, or,
+    when none carries an autograd graph, from its inputs (an input mutated in place hangs
+    the call's backward on its own history). None when neither leads to a node."""
+    outputs = out if type(out) is tuple or type(out) is list else (out,)
+    if _carries_graph(outputs):
+        return after_forward(binding, out, first, last)
+    if _carries_graph(args):  # not found here says nothing about the graph: ask again
+        return after_forward(binding, args, first, last) or None
+    return None
