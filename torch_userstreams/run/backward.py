@@ -2,8 +2,9 @@
 
 AOTAutograd runs a compiled graph's backward as one autograd node
 (``CompiledFunctionBackward``, a Python object); higher-order ops run eagerly (``torch.cond``,
-checkpointing) make Python nodes of their own. After a forward call whose outputs require
-grad, we store the call's binding on every Python node the call made; while such a node
+checkpointing) make Python nodes of their own. After a forward call that made autograd
+nodes (reached from its outputs, or from an input it mutated in place), we store the
+call's binding on every Python node the call made; while such a node
 runs, the autograd engine reports it as the thread's current node, which is where
 ``lookup`` finds the binding — whatever thread runs the backward, with no state to clean
 up if it fails. The nodes hold the binding, so the objects of the call (its inputs
