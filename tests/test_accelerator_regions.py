@@ -111,3 +111,35 @@ def test_a_data_dependent_size_crosses_regions() -> None:
             x, FakeAcceleratorStream(), FakeAcceleratorEvent(), torch.accelerator.current_stream()
         )
     torch.testing.assert_close(got, torch.tensor([2.0, 6.0, 10.0]))
+
+
+def dropout_on_a_side_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    main = torch.accelerator.current_stream()
+    s.wait_stream(main)
+    with s:
+        y = torch.nn.functional.dropout(x, 0.5, training=True)
+    main.wait_stream(s)
+    return y * 2
+
+
+def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inductor replaces random ops by a seeds tensor and per-op lookups after the package's
+    passes; the seeds were made in a region on the current stream and read on the side
+    stream with no sync between."""
+    from torch_userstreams.run import plan
+
+    launched: list[int | None] = []
+    run = plan.Program.run
+
+    def spy(self: plan.Program, inputs: list) -> object:  # type: ignore[type-arg]
+        launched.extend(step.stream for step in self.steps if step.outputs)
+        return run(self, inputs)
+
+    monkeypatch.setattr(plan.Program, "run", spy)
+    x = torch.ones(64)
+    out = torch.compile(dropout_on_a_side_stream, backend="userstreams")(x, FakeAcceleratorStream())
+    assert set(out.unique().tolist()) <= {0.0, 4.0}
+    assert launched[0] is not None, "the first region (seeds, dropout) runs on the side stream"
+    assert None not in launched[:-1] and launched[-1] is None, "then y * 2 on the current one"

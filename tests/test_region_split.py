@@ -71,3 +71,24 @@ def test_work_after_a_mutation_does_not_move_before_it() -> None:
     graph.output((a, c))
     # neg reads only x, but sin's region comes before add_: neg may not join it.
     assert regions(graph) == [(SIDE, ["sin"]), (MAIN, ["cos", "add_"]), (SIDE, ["neg"])]
+
+
+def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
+    """Inductor adds its random ops' seeds after the package's passes, unannotated: made on
+    the current stream, they were read on the side stream with no sync. A factory read on
+    two streams stays where it is (the user's syncs order it)."""
+    import torch._inductor.inductor_prims  # defines prims.inductor_seeds
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    seeds = node(graph, torch.ops.prims.inductor_seeds.default, (1, torch.device("cpu")), MAIN)
+    shared = node(graph, ops.zeros.default, ([4],), MAIN)
+    a = node(graph, ops.add.Tensor, (x, seeds), SIDE)
+    b = node(graph, ops.mul.Tensor, (a, shared), SIDE)
+    c = node(graph, ops.sub.Tensor, (x, shared), MAIN)
+    graph.output((b, c))
+    assert regions(graph) == [
+        (SIDE, ["inductor_seeds", "add"]),
+        (MAIN, ["zeros", "sub"]),
+        (SIDE, ["mul"]),
+    ]

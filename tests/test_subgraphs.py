@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+import torch_userstreams
 from torch_userstreams.errors import UnsupportedPathError
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.testing.fake_accelerator import (
@@ -183,7 +184,8 @@ def test_capture_partitions_a_checkpointed_sync_as_the_backend_does() -> None:
 
     def compiled(x: torch.Tensor, w: torch.Tensor) -> None:
         fn = torch.compile(checkpointed_dropout, backend="userstreams_aot_eager")
-        fn(x, w, SimStream(device="cpu")).backward()
+        with torch_userstreams.installed():
+            fn(x, w, SimStream(device="cpu")).backward()
 
     want = grads(compiled)
     torch._dynamo.reset()

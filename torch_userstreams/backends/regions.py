@@ -4,13 +4,13 @@
 
 * a ``SyncCall`` for each sync op (plain, or wrapped in ``control_deps``); syncs are
   boundaries, nothing moves across one;
-* ``Region``s of compute nodes that share a stream. Between two syncs, a node joins the
-  latest region of its stream when everything it reads is made by then; otherwise it opens
-  a new region after the others. So ``a@side, b@main, c@side`` (``c`` not reading ``b``)
-  becomes two regions, not three, and the host launches them in an order that respects
-  every data dependency. Nodes that mutate or have other side effects never move earlier
-  than what precedes them: they join only the last region, else open one; a ``getitem``
-  stays with the node whose tuple it reads.
+* ``Region``s of compute nodes that share a stream (``runs_on``). Between two syncs, a node
+  joins the latest region of its stream when everything it reads is made by then; otherwise
+  it opens a new region after the others. So ``a@side, b@main, c@side`` (``c`` not reading
+  ``b``) becomes two regions, not three, and the host launches them in an order that
+  respects every data dependency. Nodes that mutate or have other side effects never move
+  earlier than what precedes them: they join only the last region, else open one; a
+  ``getitem`` stays with the node whose tuple it reads.
 
 ``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
 outside it, its outputs the values used outside it.
@@ -56,6 +56,18 @@ def _pinned(node: torch.fx.Node) -> bool:
     return node.is_impure()
 
 
+def runs_on(node: torch.fx.Node) -> int | None:
+    """The stream ``node``'s region runs on: its annotation's. A node without one that reads
+    nothing (a factory) runs on its users' stream when they all share one. Inductor adds such
+    nodes after the package's passes (the seeds its random ops read: ``inductor_seeds``);
+    made on the current stream, they would be read on the users' stream with no sync."""
+    stream = stream_of(node)
+    if stream is not None or node.all_input_nodes or not node.users:
+        return stream
+    streams = {stream_of(user) if user.op == "call_function" else None for user in node.users}
+    return streams.pop() if len(streams) == 1 else None
+
+
 Step = Region | SyncCall
 
 
@@ -77,7 +89,7 @@ class _Grouping:
         if isinstance(producer, torch.fx.Node) and producer in self.region_of:
             self._join(self.region_of[producer], node)  # a getitem stays with its tuple
             return
-        stream = stream_of(node)
+        stream = runs_on(node)
         target = self._last(stream) if _pinned(node) else self._latest_ready(node, stream)
         if target is None:
             target = Region(stream)
