@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch._functorch._aot_autograd.streams
 import torch.fx
 
 from torch_userstreams.fx.meta import set_stream
@@ -378,3 +379,28 @@ def test_cpu_tensor_work_under_an_accelerator_stream_runs_in_host_order() -> Non
     assert check_stream_safety(gm)
     gm.meta[STREAM_DEVICES_META] = {1: "cpu", 5: "cpu"}  # a CPU stream stands in for one
     assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", 1, "sin", 5)
+
+
+def read_on_another_stream(x: torch.Tensor, s: torch.Stream, m: torch.Stream) -> torch.Tensor:
+    s.wait_stream(m)
+    with s:
+        a = x * 2  # allocated on s
+    m.wait_stream(s)
+    with m:
+        return (a + 1) * x  # a's last use, on m: it dies inside the graph
+
+
+WRAPS_SYNCS = hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node")
+
+
+@pytest.mark.skipif(not WRAPS_SYNCS, reason="torch 2.11 calls no stream pass on inference graphs")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "inference"])
+def test_a_value_last_read_on_another_stream_is_freed_safely(backend: str, grad: bool) -> None:
+    """An inference graph gets the deallocation syncs of a training graph's forward."""
+    x = torch.rand(4, requires_grad=grad)
+    streams = SimStream(device="cpu"), SimStream(device="cpu")
+    result = capture(read_on_another_stream, x, *streams, backend=backend)
+    (forward,) = result.forward
+    assert_stream_safe(forward)
+    assert syncs(forward, streams_ops.sync_dealloc.default)

@@ -8,7 +8,8 @@ and ensures (``contract``); the entry points run them on the compile whose backe
     assign_backward_streams   backward_phase, inherit_streams, grad_accumulation
     insert_backward_syncs     backward_syncs
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
-    wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too)
+    wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too, after
+                              their dealloc_syncs)
 """
 
 from __future__ import annotations
@@ -73,7 +74,11 @@ def _is_joint(gm: torch.fx.GraphModule) -> bool:
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies.
 
-    On a forward-only graph none of the passes above ran: none adds a sync there."""
+    AOTAutograd calls none of the passes above on a forward-only (inference) graph: its
+    deallocations are synced here, as a training graph's forward is (torch 2.12+; 2.11
+    calls no stream pass on such a graph)."""
     if not _is_joint(gm):
+        ensure(gm, "backward reads synced")
+        _run(gm, (dealloc_syncs.PASS,), _has_streams(gm))
         ensure(gm, "syncs complete")
     _run(gm, (sync_ordering.WRAP,), _has_syncs(gm))
