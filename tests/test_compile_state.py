@@ -126,3 +126,54 @@ def test_a_stream_graph_handed_to_the_backend_directly_is_refused_naming_the_fix
         match=rf"\(not traced by Dynamo\) that no torch.compile.*backend='{backend}'",
     ):
         _BY_NAME[backend](gm, [torch.ones(1)])
+
+
+def _record_on(x: torch.Tensor, s: torch.Stream, ev: torch.Event) -> torch.Tensor:
+    with s:
+        y = x * 2
+    ev.record(s)
+    return y
+
+
+def _record_after(x: torch.Tensor, s: torch.Stream, ev: torch.Event) -> torch.Tensor:
+    y = x + 1
+    ev.record(s)
+    return y
+
+
+def _outer(x: torch.Tensor, s: torch.Stream, ev: torch.Event) -> torch.Tensor:
+    with s:
+        y = x.sin()
+    ev.record(s)
+    return y
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("inner", [_record_on, _record_after], ids=["with_stream", "record_only"])
+def test_a_backend_may_compile_another_stream_function(inner: object) -> None:
+    """A backend that calls (and so compiles) another compiled function while it compiles
+    its graph: the inner function's objects were registered in the outer graph's table."""
+    from torch_userstreams.backends import userstreams_aot_eager_backend
+    from torch_userstreams.simulator import SimEvent
+
+    compiled_inner = torch.compile(inner, backend="userstreams_aot_eager")
+
+    def records(stream: SimStream, run: object) -> list[object]:
+        event = SimEvent(device="cpu")
+        run(torch.ones(2), stream, event)  # type: ignore[operator]
+        return [s for _, s in event.log]
+
+    inner_streams: list[SimStream] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:  # type: ignore[type-arg]
+        inner_streams.append(SimStream(device="cpu"))
+        assert records(inner_streams[-1], compiled_inner) == [inner_streams[-1]]
+        return userstreams_aot_eager_backend(gm, example_inputs)
+
+    outer = torch.compile(_outer, backend=backend)
+    for _ in range(2):  # the first call compiles both, the second reuses both
+        stream = SimStream(device="cpu")
+        assert records(stream, outer) == [stream]
+        again = SimStream(device="cpu")
+        assert records(again, compiled_inner) == [again]
+    assert len(inner_streams) == 1

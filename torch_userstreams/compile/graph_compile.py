@@ -12,8 +12,10 @@ last):
   new graph, gets a new compile);
 * ``backend_running(compile)``: while the backend compiles the graph, requests from the
   backend and its passes (``active()``) land in that compile;
-* ``current()``: where a registration made right now belongs: the running backend's
-  compile, else the traced graph's, else the frame's (an error outside any compile).
+* ``current()``: where a registration made right now belongs: the innermost compile
+  whose backend runs or whose frame Dynamo compiles (a backend may call another compiled
+  function, whose frame is then compiled inside it), else the frame's (an error outside
+  any compile).
 
 Objects are requested with their provenance (who asked, for which phase) given by the asker.
 """
@@ -58,6 +60,8 @@ class GraphCompile:
     _bound: weakref.ref[Any] | None = None
     returns_objects: bool = False  # the bytecode after the call returns one of its objects
     passes: list[PassResult] = field(default_factory=list)
+    # Dynamo's compile id of the frame this compile began for (``begin_frame``).
+    frame_id: Any = None
 
     @property
     def bound(self) -> Any:
@@ -80,9 +84,12 @@ class GraphCompile:
         return self._output_graph is not None
 
     def traced_now(self) -> bool:
-        """Dynamo traces this compile's graph on this thread right now."""
+        """Dynamo compiles this compile's frame on this thread right now: traces its graph,
+        or has begun the frame and has no graph yet."""
         output = self.output_graph
-        return output is not None and output is _translator_output()
+        if output is not None:
+            return output is _translator_output()
+        return self.frame_id is not None and self.frame_id == _compile_id()
 
     def example(self, index: int) -> Any:
         """The compile-time object at ``index`` (what a lookup returns while compiling)."""
@@ -171,7 +178,7 @@ def begin_frame() -> GraphCompile:
     that failed, or made no graph), and the frame gets a fresh one."""
     compiles = _compiles()
     compiles[:] = [c for c in compiles if c.backend_running]
-    fresh = GraphCompile()
+    fresh = GraphCompile(frame_id=_compile_id())
     compiles.append(fresh)
     return fresh
 
@@ -215,11 +222,16 @@ def current(asker: str) -> GraphCompile:
     return compiles[-1] if compiles else begin_frame()
 
 
-def _frame_compiling() -> bool:
-    """Dynamo is compiling a frame on this thread (before its graph exists, too)."""
+def _compile_id() -> Any:
+    """Dynamo's id of the frame it compiles on this thread now, or None."""
     from torch._guards import CompileContext
 
-    return CompileContext.current_compile_id() is not None
+    return CompileContext.current_compile_id()
+
+
+def _frame_compiling() -> bool:
+    """Dynamo is compiling a frame on this thread (before its graph exists, too)."""
+    return _compile_id() is not None
 
 
 def active_or_none() -> GraphCompile | None:

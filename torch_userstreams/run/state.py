@@ -67,13 +67,10 @@ state = ThreadState()
 
 def compile_in_progress() -> Compile | None:
     """The compile that registrations and lookups made right now belong to: the innermost
-    whose backend runs on this thread, else the one whose graph Dynamo traces now."""
-    compiles = state.compiles
-    for compile_ in reversed(compiles):
-        if compile_.backend_running:
-            return compile_
-    for compile_ in reversed(compiles):
-        if compile_.traced_now():
+    whose backend runs on this thread or whose frame Dynamo compiles now. Innermost: a
+    backend that calls another compiled function compiles that function's frame inside it."""
+    for compile_ in reversed(state.compiles):
+        if compile_.backend_running or compile_.traced_now():
             return compile_
     return None
 
