@@ -57,7 +57,10 @@ class Waits(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         done = torch.Event(device="cpu")
         done.wait(torch.Stream(device="cpu"))
-        return x * 2
+        side = torch.Stream(device="cpu")
+        with side:
+            a = x * 2
+        return a + 0  # a is made on side and read on the current stream
 
 
 # AOTAutograd calls the sync-ordering pass outside torch.compile too (here in export's

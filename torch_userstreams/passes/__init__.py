@@ -79,6 +79,8 @@ def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
     calls no stream pass on such a graph)."""
     if not _is_joint(gm):
         ensure(gm, "backward reads synced")
-        _run(gm, (dealloc_syncs.PASS,), _has_streams(gm))
+        # Its events need a compile to hold them: export's decompositions call this too.
+        in_compile = graph_compile.active_or_none() is not None
+        _run(gm, (dealloc_syncs.PASS,), in_compile and _has_streams(gm))
         ensure(gm, "syncs complete")
     _run(gm, (sync_ordering.WRAP,), _has_syncs(gm))
