@@ -207,19 +207,28 @@ def test_explain_marks_backward_objects() -> None:
     assert "backward" in text and "added by backward_syncs" in text
 
 
-def mutate_on_stream(x: torch.Tensor, s: torch.Stream) -> None:
-    with s:
-        y = (x * 2).exp()
-    x.add_(y)
+RETURNS = {
+    "nothing": lambda other: None,
+    "an_input_with_history": lambda other: other,
+    "a_view_of_it": lambda other: other.view(-1),
+}
 
 
+@pytest.mark.parametrize("returns", RETURNS)
 @pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
 def test_backward_through_an_input_mutated_in_place(
-    backend: str, monkeypatch: pytest.MonkeyPatch
+    backend: str, returns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No output carries an autograd graph: the call's backward hangs on the mutated input's
+    """No output leads to the call's backward node: the backward hangs on the mutated input's
     history, and still resolves the call's own stream (it raised "called outside any compiled
     call", or silently took native's table's objects)."""
+
+    def mutate_on_stream(x: torch.Tensor, s: torch.Stream, other: torch.Tensor) -> object:
+        with s:
+            y = (x * 2).exp()
+        x.add_(y)
+        return RETURNS[returns](other)
+
     from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
     entered: list[torch.Stream] = []
@@ -234,7 +243,8 @@ def test_backward_through_an_input_mutated_in_place(
         leaf = torch.rand(4, requires_grad=True)
         x = leaf * 1
         stream = FakeAcceleratorStream()
-        torch.compile(mutate_on_stream, backend=backend)(x, stream)
+        other = torch.rand(4, requires_grad=True) * 1
+        torch.compile(mutate_on_stream, backend=backend)(x, stream, other)
         entered.clear()
         x.sum().backward()
     torch.testing.assert_close(leaf.grad, 1 + 2 * (2 * leaf.detach()).exp())

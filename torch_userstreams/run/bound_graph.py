@@ -105,12 +105,14 @@ def _hand_over(
     first: int,
     last: int,
 ) -> bool | None:
-    """Give the call's binding to the autograd nodes it made: found from its outputs, or,
-    when none carries an autograd graph, from its inputs (an input mutated in place hangs
-    the call's backward on its own history). None when neither leads to a node."""
-    outputs = out if type(out) is tuple or type(out) is list else (out,)
-    if _carries_graph(outputs):
-        return after_forward(binding, out, first, last)
-    if _carries_graph(args):  # not found here says nothing about the graph: ask again
-        return after_forward(binding, args, first, last) or None
-    return None
+    """Give the call's binding to the autograd nodes it made, found from its outputs, else
+    from its inputs (an input mutated in place hangs the call's backward on its own history,
+    whatever the outputs carry). False when values carried a graph but led to no node the
+    call made; None when none carried one."""
+    found = None
+    for values in (out if type(out) is tuple or type(out) is list else (out,), args):
+        if _carries_graph(values):
+            if after_forward(binding, values, first, last):
+                return True
+            found = False
+    return found
