@@ -242,6 +242,28 @@ def test_dealloc_sync_after_the_last_use_on_another_stream(compile_: GraphCompil
     assert not run(dealloc_syncs.PASS, module(_same_stream_graph()), compile_), "same stream"
 
 
+def test_dealloc_sync_follows_reads_through_views(compile_: GraphCompile) -> None:
+    """The last use of a tensor is its last read through any view of it (a multi-output
+    view's getitems included): the sync used to land after the view, before the reads."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    made = node(graph, ops.aten.sin.default, (x,), stream=0)
+    flat = node(graph, ops.aten.view.default, (made, [2]), stream=1)
+    halves = node(graph, ops.aten.split.Tensor, (made, 1), stream=1)
+    halves.meta["val"] = [VAL, VAL]
+    first = node(graph, operator.getitem, (halves, 0), stream=1)
+    second = node(graph, operator.getitem, (halves, 1), stream=1)
+    reads = [node(graph, ops.aten.cos.default, (v,), stream=1) for v in (flat, first, second)]
+    graph.output(tuple(reads))
+    gm = module(graph)
+    run(dealloc_syncs.PASS, gm, compile_)
+    gm.graph.lint()
+    (dealloc,) = syncs(gm, ops.streams.sync_dealloc.default)
+    assert dealloc.args[1:] == (0, made), "one sync, for the tensor that owns the memory"
+    assert dealloc.prev.target is ops.streams.record_event.default
+    assert dealloc.prev.prev is reads[-1], "after the last read, not after a view"
+
+
 def _same_stream_graph() -> torch.fx.Graph:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

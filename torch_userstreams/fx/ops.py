@@ -7,6 +7,7 @@ emits its own, in the ``userstreams`` namespace (``run/own_ops.py``).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -36,8 +37,14 @@ def op_name(target: Any) -> str:
 
 
 def is_view(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s op returns a view of an input (it computes nothing of its own)."""
+    """Whether ``node``'s op returns a view of an input (it computes nothing of its own); a
+    ``getitem`` of a multi-output view (``split``, ``chunk``, ``unbind``) is one too."""
     target = node.target
+    if target is operator.getitem:
+        source = node.args[0]
+        return (
+            isinstance(source, torch.fx.Node) and source.op == "call_function" and (is_view(source))
+        )
     if not isinstance(target, torch._ops.OpOverload):
         return False
     returns = target._schema.returns
