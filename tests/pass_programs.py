@@ -79,6 +79,17 @@ def loss_on_a_side_stream(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (x * w).sin().sum()
 
 
+def saved_view_read_elsewhere(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A view made on one stream, saved, and read by the backward on another: the backward
+    frees it, so its stream waits for that read (the sync holds the saved view)."""
+    made, reads = torch.Stream(device="cpu"), torch.Stream(device="cpu")
+    with made:
+        v = (w * 2).unsqueeze(0)
+    with reads:
+        out = (v * x).sin()
+    return out.sum()
+
+
 PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
     fn.__name__: fn
     for fn in (
@@ -89,6 +100,7 @@ PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
         parameter_on_two_streams,
         allocated_here_used_there,
         loss_on_a_side_stream,
+        saved_view_read_elsewhere,
     )
 }
 

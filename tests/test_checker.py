@@ -390,7 +390,18 @@ def read_on_another_stream(x: torch.Tensor, s: torch.Stream, m: torch.Stream) ->
         return (a + 1) * x  # a's last use, on m: it dies inside the graph
 
 
+def update_then_read_elsewhere(
+    buf: torch.Tensor, x: torch.Tensor, s: torch.Stream, m: torch.Stream
+) -> torch.Tensor:
+    with s:
+        buf.add_(x)  # functionalized: a new tensor on s, copied back into buf at the end
+    m.wait_stream(s)
+    with m:
+        return buf.sin()
+
+
 WRAPS_SYNCS = hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node")
+MUTATES_UNDER_STREAMS = not torch.__version__.startswith(("2.11.", "2.12."))
 
 
 @pytest.mark.skipif(not WRAPS_SYNCS, reason="torch 2.11 calls no stream pass on inference graphs")
@@ -404,3 +415,15 @@ def test_a_value_last_read_on_another_stream_is_freed_safely(backend: str, grad:
     (forward,) = result.forward
     assert_stream_safe(forward)
     assert syncs(forward, streams_ops.sync_dealloc.default)
+
+
+@pytest.mark.skipif(not MUTATES_UNDER_STREAMS, reason="this torch refuses input mutations there")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_an_inference_graphs_input_update_read_elsewhere_is_freed_safely(backend: str) -> None:
+    """The copy back into the input is tagged for the backward even in an inference graph:
+    the update's reads were taken for backward ones, and no sync freed it."""
+    streams = SimStream(device="cpu"), SimStream(device="cpu")
+    args = torch.zeros(4), torch.rand(4), *streams
+    result = capture(update_then_read_elsewhere, *args, backend=backend)
+    (forward,) = result.forward
+    assert_stream_safe(forward)

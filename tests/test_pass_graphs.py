@@ -1,4 +1,4 @@
-"""The package's backward passes on seven stream programs: graphs, gradients, bindings.
+"""The package's backward passes on eight stream programs: graphs, gradients, bindings.
 
 Graphs are frozen as inline expectations (``graph_text.render``: each node with its stream
 and the pass that added it). Regenerate with ``EXPECTTEST_ACCEPT=1`` and review the diff.
@@ -59,7 +59,7 @@ streams.sync_dealloc(9, 0, mul)  # dealloc_syncs
 streams.wait_event(2, 1)  # backward_syncs
 mul_1 = mul.Tensor(expand, cos)  @stream 1
 streams.record_event(7, 1)  # dealloc_syncs
-streams.sync_dealloc(7, 3, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(7, 3, expand)  # dealloc_syncs
 streams.record_event(4, 1)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
 streams.wait_event(4, 0)  # backward_syncs
@@ -67,7 +67,7 @@ add_1 = add.Tensor(expand, mul_1)  @stream 0  # grad_accumulation
 streams.record_event(11, 0)  # dealloc_syncs
 streams.sync_dealloc(11, 1, mul_1)  # dealloc_syncs
 streams.record_event(8, 0)  # dealloc_syncs
-streams.sync_dealloc(8, 3, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(8, 3, expand)  # dealloc_syncs
 mul_2 = mul.Tensor(add_1, primals_1)  @stream 0
 streams.record_event(6, 0)  # backward_syncs
 mul_3 = mul.Tensor(add_1, primals_2)  @stream 0
@@ -108,7 +108,7 @@ streams.record_event(10, 0)  # dealloc_syncs
 streams.sync_dealloc(10, 1, exp)  # dealloc_syncs
 mul_3 = mul.Tensor(expand, primals_2)  @stream 0
 streams.record_event(8, 0)  # dealloc_syncs
-streams.sync_dealloc(8, 3, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(8, 3, expand)  # dealloc_syncs
 streams.record_event(4, 0)  # backward_syncs
 detach_1 = detach(detach)  @stream 1
 streams.wait_event(4, 1)  # backward_syncs
@@ -157,7 +157,7 @@ mul_2 = mul.Tensor(expand, mul)  @stream 0
 streams.record_event(4, 0)  # backward_syncs
 mul_3 = mul.Tensor(expand, primals_3)  @stream 0
 streams.record_event(5, 0)  # dealloc_syncs
-streams.sync_dealloc(5, 2, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(5, 2, expand)  # dealloc_syncs
 mul_4 = mul.Tensor(mul_3, add)  @stream 0
 streams.record_event(3, 0)  # backward_syncs
 streams.wait_event(3, 2)  # backward_syncs
@@ -194,7 +194,7 @@ streams.wait_event(3, 1)  # backward_syncs
 mul_2 = mul.Tensor(expand, cos)  @stream 1
 mul_3 = mul.Tensor(expand, primals_2)  @stream 1
 streams.record_event(9, 1)  # dealloc_syncs
-streams.sync_dealloc(9, 4, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(9, 4, expand)  # dealloc_syncs
 sin = sin(mul)  @stream 1
 streams.record_event(10, 1)  # dealloc_syncs
 streams.sync_dealloc(10, 0, mul)  # dealloc_syncs
@@ -353,7 +353,7 @@ expand = expand(tangents_1, [4])  @stream 0
 cos = cos(mul)  @stream 0
 mul_1 = mul.Tensor(expand, cos)  @stream 0
 streams.record_event(5, 0)  # dealloc_syncs
-streams.sync_dealloc(5, 1, tangents_1)  # dealloc_syncs
+streams.sync_dealloc(5, 1, expand)  # dealloc_syncs
 mul_2 = mul.Tensor(mul_1, primals_1)  @stream 0
 streams.record_event(4, 0)  # backward_syncs
 mul_3 = mul.Tensor(mul_1, primals_2)  @stream 0
@@ -361,6 +361,53 @@ streams.record_event(3, 0)  # backward_syncs
 streams.wait_event(3, 1)  # backward_syncs
 streams.wait_event(4, 1)  # backward_syncs
 return [mul_3, mul_2]""",
+        )
+
+    def test_saved_view_read_elsewhere(self) -> None:
+        """The backward's sync_dealloc holds the saved view it reads, not its base."""
+        self.assertExpectedInline(
+            self.graphs("saved_view_read_elsewhere"),
+            """\
+forward:
+input primals_1
+input primals_2
+mul = mul.Tensor(primals_1, 2)  @stream 0
+unsqueeze = unsqueeze(mul, 0)  @stream 0
+mul_1 = mul.Tensor(unsqueeze, primals_2)  @stream 1
+sin = sin(mul_1)  @stream 1
+sum_1 = sum(sin)
+streams.record_event(9, 3)  # dealloc_syncs
+streams.sync_dealloc(9, 1, sin)  # dealloc_syncs
+return [sum_1, primals_2, unsqueeze, mul_1]
+backward:
+input primals_2
+input unsqueeze
+input mul_1
+input tangents_1
+expand = expand(tangents_1, [1, 4])
+streams.record_event(2, 3)  # backward_syncs
+cos = cos(mul_1)  @stream 1
+streams.wait_event(2, 1)  # backward_syncs
+mul_2 = mul.Tensor(expand, cos)  @stream 1
+streams.record_event(7, 1)  # dealloc_syncs
+streams.sync_dealloc(7, 3, expand)  # dealloc_syncs
+mul_3 = mul.Tensor(mul_2, unsqueeze)  @stream 1
+streams.record_event(8, 1)  # dealloc_syncs
+streams.sync_dealloc(8, 0, unsqueeze)  # dealloc_syncs
+mul_4 = mul.Tensor(mul_2, primals_2)  @stream 1
+streams.record_event(4, 1)  # backward_syncs
+sum_2 = sum.dim_IntList(mul_3, [0], True)  @stream 1
+streams.record_event(6, 1)  # backward_syncs
+view = view(sum_2, [4])  @stream 1
+streams.wait_event(4, 0)  # backward_syncs
+squeeze = squeeze.dim(mul_4, 0)  @stream 0
+mul_5 = mul.Tensor(squeeze, 2)  @stream 0
+streams.record_event(10, 0)  # dealloc_syncs
+streams.sync_dealloc(10, 1, squeeze)  # dealloc_syncs
+streams.record_event(5, 0)  # backward_syncs
+streams.wait_event(5, 3)  # backward_syncs
+streams.wait_event(6, 3)  # backward_syncs
+return [mul_5, view]""",
         )
 
 

@@ -21,7 +21,10 @@ the backward does not use is not saved.
 An incoming gradient (a tangent) is allocated on the current stream and dies in the
 backward: read on another stream, it gets the same sync.
 
-Uses through views count as uses of the viewed tensor: the view keeps its memory alive.
+Uses through views (a ``getitem`` of ``split`` included) count as uses of the viewed tensor:
+the view keeps its memory alive. The sync holds the value its last reader reads, the tensor
+or its view: in the backward, the saved view the backward graph has. An inference graph has
+no backward phase, whatever its nodes' tags say.
 
 Limits: tensors that escape as graph outputs (directly or through a view) are owned by the
 caller and skipped; a saved tensor's forward uses on other streams are not synced again in
@@ -29,6 +32,8 @@ the backward.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -47,31 +52,36 @@ def _dies_in_backward(node: torch.fx.Node) -> bool:
     return is_backward(node) or any(is_backward(user) for user in node.users)
 
 
-def _readers(node: torch.fx.Node) -> set[torch.fx.Node]:
-    """The nodes that read ``node``'s memory: its users, and the users of its views (a view
-    reads nothing itself, but keeps the memory alive for what reads it)."""
-    readers: set[torch.fx.Node] = set()
+def _reads(node: torch.fx.Node) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Each node that reads ``node``'s memory, with the value it reads it through: ``node``
+    or a view of it (a view reads nothing itself, but keeps the memory alive)."""
+    found: dict[torch.fx.Node, torch.fx.Node] = {}
     for user in node.users:
         if user.op == "call_function" and is_view(user):
-            readers |= _readers(user)
+            for reader, through in _reads(user).items():
+                found.setdefault(reader, through)
         else:
-            readers.add(user)
-    return readers
+            found.setdefault(user, node)
+    return found
 
 
-def _last_use_on_other_streams(
-    node: torch.fx.Node, order: dict[torch.fx.Node, int]
-) -> list[torch.fx.Node]:
-    """For each stream other than ``node``'s that uses it in the phase it dies in, that
-    stream's last reader there (through views)."""
-    readers = _readers(node)
-    if any(user.op == "output" for user in readers):
+Phase = Callable[[torch.fx.Node], bool]  # whether a node runs in the backward
+
+
+def _last_reads_on_other_streams(
+    node: torch.fx.Node, order: dict[torch.fx.Node, int], backward: Phase
+) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
+    """For each stream other than ``node``'s that reads it in the phase it dies in, that
+    stream's last reader there and the value it reads (``node`` or a view of it: in the
+    backward, the saved view is the one the backward graph holds)."""
+    reads = _reads(node)
+    if any(reader.op == "output" for reader in reads):
         return []
-    backward = _dies_in_backward(node)
-    last: dict[int | None, torch.fx.Node] = {}
-    for user in sorted(readers, key=order.__getitem__):
-        if is_backward(user) == backward and stream_of(user) != stream_of(node):
-            last[stream_of(user)] = user
+    dies_in_backward = backward(node) or any(backward(reader) for reader in reads)
+    last: dict[int | None, tuple[torch.fx.Node, torch.fx.Node]] = {}
+    for reader in sorted(reads, key=order.__getitem__):
+        if backward(reader) == dies_in_backward and stream_of(reader) != stream_of(node):
+            last[stream_of(reader)] = (reader, reads[reader])
     return list(last.values())
 
 
@@ -100,6 +110,13 @@ def _must_save(node: torch.fx.Node) -> bool:
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     graph = gm.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
+    # An inference graph has no backward, whatever its tags say: its epilogue copy into a
+    # mutated input is tagged ``must_be_in_backward``.
+    joint = any(is_tangent(node) for node in graph.nodes)
+
+    def backward(node: torch.fx.Node) -> bool:
+        return joint and is_backward(node)
+
     notes: list[str] = []
     for node in list(graph.nodes):
         if not (node.op == "call_function" or is_tangent(node)) or is_sync_op(node.target):
@@ -110,21 +127,25 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
         if node.op == "call_function" and is_view(node):
             continue  # it allocates nothing: its readers count for the tensor it views
-        for last in _last_use_on_other_streams(node, order):
+        for last, through in _last_reads_on_other_streams(node, order, backward):
             device = event_device(node, last, node, compile_)
             if device is not None:
-                notes += _insert_dealloc_sync(graph, node, last, device, compile_)
+                phase = backward(last)
+                notes += _insert_dealloc_sync(graph, node, through, last, device, compile_, phase)
     return notes
 
 
 def _insert_dealloc_sync(
     graph: torch.fx.Graph,
     node: torch.fx.Node,
+    through: torch.fx.Node,
     last: torch.fx.Node,
     device: torch.device,
     compile_: GraphCompile,
+    backward: bool,
 ) -> list[str]:
-    backward = is_backward(last)
+    """After ``last`` reads ``node``'s memory (through ``through``) on its stream: an event
+    there, and ``node``'s stream waits for it holding ``through`` until then."""
     event = new_event(compile_, device, added_by=NAME, backward=backward)
     with graph.inserting_after(last):
         recorded = graph.call_function(
@@ -134,7 +155,7 @@ def _insert_dealloc_sync(
     with graph.inserting_after(recorded):
         waited = graph.call_function(
             torch.ops.streams.sync_dealloc.default,
-            (event, stream_index(node, compile_, NAME), node),
+            (event, stream_index(node, compile_, NAME), through),
         )
     notes = []
     for added, note in (
