@@ -9,7 +9,8 @@ cases a hostile test pass found (on the fake accelerator; the CPU path was right
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -122,24 +123,44 @@ def dropout_on_a_side_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
     return y * 2
 
 
+def dropout_on_two_streams(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    main = torch.accelerator.current_stream()
+    s.wait_stream(main)
+    a = torch.nn.functional.dropout(x, 0.5, training=True)
+    with s:
+        y = torch.nn.functional.dropout(x, 0.5, training=True)
+    main.wait_stream(s)
+    return a + y
+
+
+@pytest.mark.parametrize("fn", [dropout_on_a_side_stream, dropout_on_two_streams])
 def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
-    monkeypatch: pytest.MonkeyPatch,
+    fn: Callable[[torch.Tensor, torch.Stream], torch.Tensor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inductor replaces random ops by a seeds tensor and per-op lookups after the package's
-    passes; the seeds were made in a region on the current stream and read on the side
-    stream with no sync between."""
-    from torch_userstreams.run import plan
+    """Inductor replaces random ops by one seeds tensor and per-op lookups after the
+    package's passes; the seeds were made in a region on the current stream and read on the
+    side stream with no sync between."""
+    from torch_userstreams.backends import inductor_regions
 
-    launched: list[int | None] = []
-    run = plan.Program.run
+    streams_of: dict[str, set[int | None]] = {
+        "inductor_seeds": set(),
+        "inductor_lookup_seed": set(),
+    }
+    split = inductor_regions.split
 
-    def spy(self: plan.Program, inputs: list) -> object:  # type: ignore[type-arg]
-        launched.extend(step.stream for step in self.steps if step.outputs)
-        return run(self, inputs)
+    def spy(gm: torch.fx.GraphModule) -> list[Any]:
+        steps = split(gm)
+        for step in steps:
+            for node in getattr(step, "nodes", ()):
+                name = getattr(node.target, "__name__", "").split(".")[0]
+                if name in streams_of:
+                    streams_of[name].add(step.stream)
+        return steps
 
-    monkeypatch.setattr(plan.Program, "run", spy)
-    x = torch.ones(64)
-    out = torch.compile(dropout_on_a_side_stream, backend="userstreams")(x, FakeAcceleratorStream())
-    assert set(out.unique().tolist()) <= {0.0, 4.0}
-    assert launched[0] is not None, "the first region (seeds, dropout) runs on the side stream"
-    assert None not in launched[:-1] and launched[-1] is None, "then y * 2 on the current one"
+    monkeypatch.setattr(inductor_regions, "split", spy)
+    out = torch.compile(fn, backend="userstreams")(torch.ones(64), FakeAcceleratorStream())
+    assert out.shape == (64,)
+    assert streams_of["inductor_lookup_seed"] - {None}, "a random op reads seeds on the side"
+    assert streams_of["inductor_seeds"] == streams_of["inductor_lookup_seed"], (
+        "seeds are made on each stream that reads them, and only there"
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from torch_userstreams.backends.regions import Region, split
+from torch_userstreams.backends.regions import Region, copy_factories_per_stream, split
 from torch_userstreams.fx.meta import set_stream
 
 ops = torch.ops.aten
@@ -76,7 +76,7 @@ def test_work_after_a_mutation_does_not_move_before_it() -> None:
 def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
     """Inductor adds its random ops' seeds after the package's passes, unannotated: made on
     the current stream, they were read on the side stream with no sync. A factory read on
-    two streams stays where it is (the user's syncs order it)."""
+    two streams gets a copy on each (Inductor makes one seeds tensor for all random ops)."""
     import torch._inductor.inductor_prims  # defines prims.inductor_seeds
 
     graph = torch.fx.Graph()
@@ -87,8 +87,9 @@ def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
     b = node(graph, ops.mul.Tensor, (a, shared), SIDE)
     c = node(graph, ops.sub.Tensor, (x, shared), MAIN)
     graph.output((b, c))
-    assert regions(graph) == [
-        (SIDE, ["inductor_seeds", "add"]),
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert copy_factories_per_stream(gm) == 1
+    assert regions(gm.graph) == [
+        (SIDE, ["inductor_seeds", "zeros", "add", "mul"]),
         (MAIN, ["zeros", "sub"]),
-        (SIDE, ["mul"]),
     ]

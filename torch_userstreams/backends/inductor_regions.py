@@ -35,6 +35,7 @@ from ..run.plan import Program, Ref, Step
 from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
+    copy_factories_per_stream,
     has_side_effects,
     has_stream_work,
     region_module,
@@ -89,6 +90,7 @@ class StreamRegionsCompiler:
             return self.partitioned(gm, kwargs)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
+        copy_factories_per_stream(gm)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
         slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}

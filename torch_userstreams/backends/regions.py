@@ -32,6 +32,7 @@ import torch.fx
 
 from ..fx.control_deps import SyncCall, alias_of, is_passthrough, sync_of
 from ..fx.meta import drop_stream, stream_of
+from ..fx.ops import is_sync_op
 
 
 @dataclass(eq=False)
@@ -64,8 +65,41 @@ def runs_on(node: torch.fx.Node) -> int | None:
     stream = stream_of(node)
     if stream is not None or node.all_input_nodes or not node.users:
         return stream
-    streams = {stream_of(user) if user.op == "call_function" else None for user in node.users}
-    return streams.pop() if len(streams) == 1 else None
+    streams = _users_by_stream(node)
+    return next(iter(streams)) if len(streams) == 1 else None
+
+
+def _users_by_stream(node: torch.fx.Node) -> dict[int | None, list[torch.fx.Node]]:
+    by_stream: dict[int | None, list[torch.fx.Node]] = {}
+    for user in node.users:
+        stream = stream_of(user) if user.op == "call_function" else None
+        by_stream.setdefault(stream, []).append(user)
+    return by_stream
+
+
+def copy_factories_per_stream(gm: torch.fx.GraphModule) -> int:
+    """Give an unannotated factory read on several streams a copy per stream, each then run
+    on its readers' stream (``runs_on``): Inductor makes one seeds tensor for every random
+    op of a graph, and random ops on two streams would read it with no sync. Returns the
+    number of copies."""
+    copies = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.all_input_nodes or stream_of(node) is not None:
+            continue
+        target = node.target
+        if is_sync_op(target) or (
+            isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+        ):
+            continue
+        for users in list(_users_by_stream(node).values())[1:]:
+            with gm.graph.inserting_after(node):
+                copy = gm.graph.node_copy(node)
+            for user in users:
+                user.replace_input_with(node, copy)
+            copies += 1
+    if copies:
+        gm.recompile()
+    return copies
 
 
 Step = Region | SyncCall
