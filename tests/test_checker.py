@@ -427,3 +427,46 @@ def test_an_inference_graphs_input_update_read_elsewhere_is_freed_safely(backend
     result = capture(update_then_read_elsewhere, *args, backend=backend)
     (forward,) = result.forward
     assert_stream_safe(forward)
+
+
+def loss_on_side(x: torch.Tensor, w: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        return (x * w).sin().sum()
+
+
+@pytest.fixture(scope="module")
+def side_backward() -> tuple[torch.fx.GraphModule, set[int]]:
+    torch._dynamo.reset()
+    x, w = leaves()
+    result = capture(loss_on_side, x, w, SimStream(device="cpu"))
+    torch._dynamo.reset()
+    (bw,) = result.backward
+    return bw, added_by(result, "backward_syncs")
+
+
+def test_the_backward_edges_are_synced(side_backward: tuple) -> None:  # type: ignore[type-arg]
+    bw, _ = side_backward
+    assert_stream_safe(bw)
+
+
+ONLY_SIDE, CURRENT = 0, 1  # loss_on_side's table: its side stream, then the current stream
+
+
+def test_deleting_the_backwards_entry_wait_is_a_read_of_the_incoming_gradient(
+    side_backward: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The engine writes the incoming gradient on the current stream."""
+    bw, events = side_backward
+    entry = pick(bw, streams_ops.wait_event.default, events, ONLY_SIDE)
+    first, first_stream, _reader, second_stream = only(without(bw, entry), HazardKind.RAW)
+    assert (first, first_stream, second_stream) == ("tangents_1", CURRENT, ONLY_SIDE)
+
+
+def test_deleting_the_backwards_exit_wait_is_a_read_of_a_returned_gradient(
+    side_backward: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The engine reads the returned gradients on the current stream after the graph."""
+    bw, events = side_backward
+    exit_wait = pick(bw, streams_ops.wait_event.default, events, CURRENT)
+    _maker, first_stream, second, second_stream = only(without(bw, exit_wait), HazardKind.RAW)
+    assert (first_stream, second, second_stream) == (ONLY_SIDE, "output", CURRENT)

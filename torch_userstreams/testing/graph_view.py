@@ -23,6 +23,9 @@ Rules (each is what the executors do with the graph):
   is given on its stream, its result is complete only once ``wait_tensor`` ran there, and
   ``wait_tensor`` returns the very buffer it waited for.
 * Host-only nodes (``getitem``, lookups, symbolic-size arithmetic) issue nothing.
+* A backward graph (one that takes ``tangents_*``) runs as one autograd node on the
+  current stream: the engine writes each incoming gradient there before the graph starts,
+  and reads each value the graph makes and returns there after it ends.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 import torch.fx
 
 from ..fx.control_deps import is_control_deps, sync_of
-from ..fx.meta import device_of, stream_of
+from ..fx.meta import device_of, is_tangent, stream_of
 from ..fx.ops import is_sync_op, op_name
 
 StreamKey = int | str | None
@@ -140,6 +143,7 @@ class _Reader:
         self.buffers: list[Buffer] = []
         self.release: dict[Buffer, int] = {}
         self.position = 0
+        self.backward = False  # the graph takes tangents: the engine runs it as one node
 
     def read(self) -> GraphView:
         for position, node in enumerate(self.gm.graph.nodes):
@@ -180,14 +184,30 @@ class _Reader:
         if node.op in ("placeholder", "get_attr"):
             if node.op == "get_attr" and isinstance(self._attr(node), torch.nn.Module):
                 return None
-            return self.new_buffer(node.name, None, None)
+            buffer = self.new_buffer(node.name, None, None)
+            if is_tangent(node):
+                self._edge(node, buffer, write=True)
+            return buffer
         if node.op == "output":
             for buffer in _buffers_in(self.value(node.args)):
                 buffer.escapes = True
+                if self.backward and buffer.producer is not None:
+                    self._edge(buffer.producer, buffer, write=False, at=node)
             return None
         if node.op == "call_function":
             return self._call_function(node)
         return self._generic(node, write_self=node.op == "call_method" and _inplace_name(node))
+
+    def _edge(
+        self, node: torch.fx.Node, buffer: Buffer, *, write: bool, at: torch.fx.Node | None = None
+    ) -> None:
+        """The autograd engine's side of a backward graph, on the current stream of the
+        value's device: it writes an incoming gradient before the graph starts, and reads
+        each returned value after it ends."""
+        self.backward = True
+        stream = self.current_streams.get(str(device_of(node)), None)
+        kernel = Kernel(at or node, self.position, stream, [Access(buffer, write=write)])
+        self.steps.append(kernel)
 
     def _attr(self, node: torch.fx.Node) -> Any:
         target = str(node.target)
