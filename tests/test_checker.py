@@ -470,3 +470,20 @@ def test_deleting_the_backwards_exit_wait_is_a_read_of_a_returned_gradient(
     exit_wait = pick(bw, streams_ops.wait_event.default, events, CURRENT)
     _maker, first_stream, second, second_stream = only(without(bw, exit_wait), HazardKind.RAW)
     assert (first_stream, second, second_stream) == (ONLY_SIDE, "output", CURRENT)
+
+
+def normed_on_side(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    side = torch.Stream(device="cpu")
+    with side:
+        return torch.nn.functional.layer_norm(x, (4,), w)
+
+
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_no_read_of_the_incoming_gradient_moves_above_the_entry_wait(backend: str) -> None:
+    """layer_norm's backward reads the incoming gradient several times on the side stream;
+    the min-cut partitioner's reordering moved the first reads above the wait that orders
+    them after the current stream (the wait now passes the gradient through)."""
+    x, w = torch.rand(3, 4, requires_grad=True), torch.rand(4, requires_grad=True)
+    result = capture(normed_on_side, x, w, backend=backend)
+    for _, gm in result.graphs:
+        assert_stream_safe(gm)

@@ -16,11 +16,13 @@ Before that, ``pin_syncs`` tags every sync with its phase (``fx.meta.mark_phase`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import PARTITIONER_TAG, is_backward, mark_phase, stream_of
+from ..fx.meta import PARTITIONER_TAG, is_backward, is_tangent, mark_phase, stream_of
 from ..fx.ops import is_sync_op, op_name
 from .contract import GraphPass
 
@@ -35,7 +37,12 @@ def _orders_nothing_by_data(node: torch.fx.Node) -> bool:
     return is_sync_op(node.target) and op_name(node.target) not in _CARRY_THEIR_TENSOR
 
 
-def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Node]) -> list:
+def _deps(
+    node: torch.fx.Node,
+    buckets: Buckets,
+    records: dict[int, torch.fx.Node],
+    read_after: list[torch.fx.Node],
+) -> list:
     ops = torch.ops.streams
     if node.target in (ops.record_event.default, ops.wait_event.default):
         stream = node.args[1]
@@ -43,8 +50,10 @@ def _deps(node: torch.fx.Node, buckets: Buckets, records: dict[int, torch.fx.Nod
         if stream is not None:
             deps += buckets.get(None, [])
         record = records.get(node.args[0])  # type: ignore[arg-type]
-        if node.target is ops.wait_event.default and record is not None:
-            deps.insert(0, record)
+        if node.target is ops.wait_event.default:
+            if record is not None:
+                deps.insert(0, record)
+            deps += [value for value in read_after if value not in deps]
         buckets[stream] = []  # type: ignore[index]
         buckets[None] = []
         return deps
@@ -78,6 +87,45 @@ def _saved_not_recomputed(control: torch.fx.Node) -> None:
             user.meta.pop(key, None)
 
 
+def _readers_by_stream(
+    graph: torch.fx.Graph,
+) -> dict[tuple[bool, object], list[torch.fx.Node]]:
+    """The compute nodes of each (phase, annotated stream), in graph order."""
+    found: dict[tuple[bool, object], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        stream = stream_of(node)
+        if node.op == "call_function" and stream is not None and not is_sync_op(node.target):
+            found.setdefault((is_backward(node), stream), []).append(node)
+    return found
+
+
+def _read_after(
+    sync: torch.fx.Node, on_stream: Iterable[torch.fx.Node], visited: set[torch.fx.Node]
+) -> list[torch.fx.Node]:
+    """The values made before ``sync`` that its stream's later work reads. A wait passes
+    them through, so that work depends on the wait: a compiler cannot move it above the
+    wait (the min-cut partitioner's reordering moved a side stream's first reads of an
+    incoming gradient above the wait that orders them after the current stream)."""
+    backward = is_backward(sync)
+    values: dict[torch.fx.Node, None] = {}
+    for node in on_stream:
+        if node in visited:
+            continue
+        for value in node.all_input_nodes:
+            if value in visited and _made_in_phase(value, backward):
+                values[value] = None
+    return list(values)
+
+
+def _made_in_phase(value: torch.fx.Node, backward: bool) -> bool:
+    """Made by the phase's own work: a value of the other phase (a saved forward value, or a
+    forward input) exists before the phase starts, and passing it through a sync of this
+    phase would pull it into the wrong graph."""
+    if value.op == "placeholder":
+        return is_tangent(value) == backward
+    return value.op == "call_function" and is_backward(value) == backward
+
+
 def pin_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     """Tag every sync of the joint graph with its phase, to keep it in that phase's graph
     (a sync traced in a custom backward is already tagged backward: ``backward_phase``)."""
@@ -97,6 +145,7 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     phases: dict[bool, Buckets] = {False: {}, True: {}}
     records: dict[int, torch.fx.Node] = {}
     visited: set[torch.fx.Node] = set()
+    readers = _readers_by_stream(gm.graph)
     notes = []
     node = next(iter(gm.graph.nodes))
     while node.op != "root":
@@ -104,7 +153,8 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
         visited.add(node)
         if node.op == "call_function" and _orders_nothing_by_data(node):
             backward = is_backward(node)
-            deps = _deps(node, phases[backward], records)
+            read_after = _read_after(node, readers.get((backward, node.args[1]), ()), visited)
+            deps = _deps(node, phases[backward], records, read_after)
             recorded = node
             if deps:
                 recorded = _wrap_sync_node(gm, node, deps, visited)[0]
