@@ -164,3 +164,23 @@ def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
     assert streams_of["inductor_seeds"] == streams_of["inductor_lookup_seed"], (
         "seeds are made on each stream that reads them, and only there"
     )
+
+
+def one_permutation_read_on_two_streams(
+    x: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r = torch.randperm(4)
+    with s1:
+        a = x + r
+    with s2:
+        b = x + r
+    return a, b
+
+
+def test_a_random_factory_read_on_two_streams_is_one_value() -> None:
+    """Only deterministic factories and Inductor's seeds are copied per stream: a copy of
+    randperm drew again, and the two streams read two permutations."""
+    compiled = torch.compile(one_permutation_read_on_two_streams, backend="userstreams")
+    a, b = compiled(torch.zeros(4), FakeAcceleratorStream(), FakeAcceleratorStream())
+    torch.testing.assert_close(a, b)
+    assert sorted(a.tolist()) == [0.0, 1.0, 2.0, 3.0]

@@ -77,6 +77,18 @@ def _users_by_stream(node: torch.fx.Node) -> dict[int | None, list[torch.fx.Node
     return by_stream
 
 
+def _copyable(target: object) -> bool:
+    """Whether a copy of the factory computes the same value: a deterministic op, or the
+    seeds Inductor makes for its random ops (each copy seeds its own stream's random ops:
+    no value is then read by two streams). A random factory of the user's (``randperm``,
+    ``rand`` under ``fallback_random``) is one value, whoever reads it."""
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    if target.name() == "prims::inductor_seeds":
+        return True
+    return torch.Tag.nondeterministic_seeded not in target.tags
+
+
 def copy_factories_per_stream(gm: torch.fx.GraphModule) -> int:
     """Give an unannotated factory read on several streams a copy per stream, each then run
     on its readers' stream (``runs_on``): Inductor makes one seeds tensor for every random
@@ -86,10 +98,7 @@ def copy_factories_per_stream(gm: torch.fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.all_input_nodes or stream_of(node) is not None:
             continue
-        target = node.target
-        if is_sync_op(target) or (
-            isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
-        ):
+        if is_sync_op(node.target) or not _copyable(node.target):
             continue
         for users in list(_users_by_stream(node).values())[1:]:
             with gm.graph.inserting_after(node):
