@@ -170,3 +170,29 @@ def test_a_method_sync_inside_a_checkpoint_runs_on_every_call(backend: str) -> N
             x, side, other = torch.randn(4), FakeAcceleratorStream(), FakeAcceleratorStream()
             torch.testing.assert_close(compiled(x, side, other), x.exp() * x + 1)
             assert side.log == [("wait_stream", other)]
+
+
+def read_after_a_wait_then_updated(
+    x: torch.Tensor, buf: torch.Tensor, s: torch.Stream, e: torch.Event, main: torch.Stream
+) -> torch.Tensor:
+    e.record(main)
+    with s:
+        s.wait_event(e)
+        z = x * buf
+    e.record(s)
+    e.wait(main)
+    buf.add_(1)  # like a norm's running statistics, read on the side stream first
+    return z
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_an_input_read_after_a_wait_and_then_updated_compiles(backend: str) -> None:
+    """A wait passes through the values its stream reads next; an input passed through
+    made the copy back into it name the passthrough, which Inductor refused."""
+    torch_userstreams.install()
+    x, buf = torch.ones(3), torch.zeros(3)
+    compiled = torch.compile(read_after_a_wait_then_updated, backend=backend)
+    streams = SimStream(device="cpu"), SimEvent(device="cpu"), SimStream(device="cpu")
+    out = compiled(x, buf, *streams)
+    torch.testing.assert_close(out, torch.zeros(3))
+    torch.testing.assert_close(buf, torch.ones(3))

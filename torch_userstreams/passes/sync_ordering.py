@@ -16,8 +16,6 @@ Before that, ``pin_syncs`` tags every sync with its phase (``fx.meta.mark_phase`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.fx
 
@@ -87,30 +85,39 @@ def _saved_not_recomputed(control: torch.fx.Node) -> None:
             user.meta.pop(key, None)
 
 
-def _readers_by_stream(
-    graph: torch.fx.Graph,
-) -> dict[tuple[bool, object], list[torch.fx.Node]]:
-    """The compute nodes of each (phase, annotated stream), in graph order."""
-    found: dict[tuple[bool, object], list[torch.fx.Node]] = {}
+Lane = list[torch.fx.Node]  # a phase's compute nodes and syncs on one stream, in order
+
+
+def _lanes(graph: torch.fx.Graph) -> dict[tuple[bool, object], Lane]:
+    """For each (phase, annotated stream): its compute nodes, and the record/wait syncs
+    that name it, in graph order."""
+    ops = torch.ops.streams
+    lanes: dict[tuple[bool, object], Lane] = {}
     for node in graph.nodes:
-        stream = stream_of(node)
-        if node.op == "call_function" and stream is not None and not is_sync_op(node.target):
-            found.setdefault((is_backward(node), stream), []).append(node)
-    return found
+        if node.op != "call_function":
+            continue
+        if node.target in (ops.record_event.default, ops.wait_event.default):
+            stream = node.args[1]
+        elif is_sync_op(node.target):
+            continue
+        else:
+            stream = stream_of(node)
+        if stream is not None:
+            lanes.setdefault((is_backward(node), stream), []).append(node)
+    return lanes
 
 
-def _read_after(
-    sync: torch.fx.Node, on_stream: Iterable[torch.fx.Node], visited: set[torch.fx.Node]
-) -> list[torch.fx.Node]:
-    """The values made before ``sync`` that its stream's later work reads. A wait passes
-    them through, so that work depends on the wait: a compiler cannot move it above the
-    wait (the min-cut partitioner's reordering moved a side stream's first reads of an
-    incoming gradient above the wait that orders them after the current stream)."""
+def _read_after(sync: torch.fx.Node, lane: Lane, visited: set[torch.fx.Node]) -> list:
+    """The values of ``sync``'s phase, made before it, that its stream reads up to the
+    stream's next sync. A wait passes them through, so that work depends on the wait: a
+    compiler cannot move it above the wait (the min-cut partitioner's reordering moved a
+    side stream's first reads of an incoming gradient above the wait that orders them
+    after the current stream). Work after the next sync depends on that one."""
     backward = is_backward(sync)
     values: dict[torch.fx.Node, None] = {}
-    for node in on_stream:
-        if node in visited:
-            continue
+    for node in lane[lane.index(sync) + 1 :] if sync in lane else ():
+        if is_sync_op(node.target):
+            break
         for value in node.all_input_nodes:
             if value in visited and _made_in_phase(value, backward):
                 values[value] = None
@@ -118,11 +125,12 @@ def _read_after(
 
 
 def _made_in_phase(value: torch.fx.Node, backward: bool) -> bool:
-    """Made by the phase's own work: a value of the other phase (a saved forward value, or a
-    forward input) exists before the phase starts, and passing it through a sync of this
-    phase would pull it into the wrong graph."""
+    """Made by the phase's own work. A value of the other phase (a saved forward value)
+    exists before the phase starts, and passing it through a sync of this phase would pull
+    it into the wrong graph; a forward input may be written back in place at the end, which
+    must name the input itself. An incoming gradient (a tangent) is the backward's."""
     if value.op == "placeholder":
-        return is_tangent(value) == backward
+        return backward and is_tangent(value)
     return value.op == "call_function" and is_backward(value) == backward
 
 
@@ -145,7 +153,8 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     phases: dict[bool, Buckets] = {False: {}, True: {}}
     records: dict[int, torch.fx.Node] = {}
     visited: set[torch.fx.Node] = set()
-    readers = _readers_by_stream(gm.graph)
+    lanes = _lanes(gm.graph)
+    waits: dict[tuple[bool, object], torch.fx.Node] = {}
     notes = []
     node = next(iter(gm.graph.nodes))
     while node.op != "root":
@@ -153,7 +162,12 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
         visited.add(node)
         if node.op == "call_function" and _orders_nothing_by_data(node):
             backward = is_backward(node)
-            read_after = _read_after(node, readers.get((backward, node.args[1]), ()), visited)
+            lane = lanes.get((backward, node.args[-1]), []) if node.args else []
+            read_after = _read_after(node, lane, visited)
+            if node.target is torch.ops.streams.wait_event.default:
+                # an empty segment since the stream's last wait: keep the two in order
+                previous = waits.get((backward, node.args[1]))
+                read_after = [previous, *read_after] if previous is not None else read_after
             deps = _deps(node, phases[backward], records, read_after)
             recorded = node
             if deps:
@@ -161,6 +175,8 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
                 _keep_in_phase(recorded, backward)
                 _saved_not_recomputed(recorded)
                 notes.append(f"{node.name} after {len(deps)} node(s) [{recorded.name}]")
+            if node.target is torch.ops.streams.wait_event.default:
+                waits[(backward, node.args[1])] = recorded
             if node.target is torch.ops.streams.record_event.default:
                 # A wait depends on its record, wrapped or not (a record with no earlier
                 # work on its stream stays a plain node).
