@@ -58,11 +58,19 @@ def _sync(graph: torch.fx.Graph, target: object, args: tuple[object, ...], note:
     return f"{record(node, NAME, note).note} [{node.name}]"
 
 
-def _edge_device(value: torch.fx.Node, stream: int, compile_: GraphCompile) -> torch.device | None:
-    """The device of an event between ``stream`` and the current stream over ``value``;
-    None when ``value`` is a CPU tensor under an accelerator stream (host order)."""
+def _edge_event(
+    value: torch.fx.Node, stream: int, compile_: GraphCompile
+) -> tuple[int, int] | None:
+    """(a new event, the current stream) to order ``stream`` and the current stream over
+    ``value``; None when no sync is needed: ``value`` is a CPU tensor under an accelerator
+    stream (host order), or ``stream`` is the current stream."""
     device = compile_.table.device(stream)
-    return device if device.type == device_of(value).type else None
+    if device.type != device_of(value).type:
+        return None
+    current = compile_.current_stream(device, added_by=NAME)
+    if current == stream:
+        return None
+    return new_event(compile_, device, added_by=NAME, backward=True), current
 
 
 def _first_tangent_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node, torch.fx.Node]]:
@@ -81,13 +89,10 @@ def _first_tangent_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node
 def _entry_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
     notes = []
     for stream, (tangent, reader) in _first_tangent_reads(graph).items():
-        device = _edge_device(tangent, stream, compile_)
-        if device is None:
+        edge = _edge_event(tangent, stream, compile_)
+        if edge is None:
             continue
-        current = compile_.current_stream(device, added_by=NAME)
-        if current == stream:
-            continue
-        event = new_event(compile_, device, added_by=NAME, backward=True)
+        event, current = edge
         why = f"{reader.name} reads the incoming gradient {tangent.name} on another stream"
         with graph.inserting_before(reader):
             notes.append(
@@ -117,13 +122,10 @@ def _exit_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
     for maker in _returned_gradient_makers(graph):
         stream = stream_of(maker)
         assert stream is not None
-        device = _edge_device(maker, stream, compile_)
-        if device is None:
+        edge = _edge_event(maker, stream, compile_)
+        if edge is None:
             continue
-        current = compile_.current_stream(device, added_by=NAME)
-        if current == stream:
-            continue
-        event = new_event(compile_, device, added_by=NAME, backward=True)
+        event, current = edge
         with graph.inserting_after(maker):
             notes.append(
                 _sync(
