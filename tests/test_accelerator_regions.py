@@ -184,3 +184,42 @@ def test_a_random_factory_read_on_two_streams_is_one_value() -> None:
     a, b = compiled(torch.zeros(4), FakeAcceleratorStream(), FakeAcceleratorStream())
     torch.testing.assert_close(a, b)
     assert sorted(a.tolist()) == [0.0, 1.0, 2.0, 3.0]
+
+
+TABLE_CALLS: list[int] = []
+
+
+@torch.library.custom_op("tus_regions_test::make_table", mutates_args=())
+def make_table(n: int) -> torch.Tensor:
+    """A user op with no inputs and no seeded tag, whose every call the test counts."""
+    TABLE_CALLS.append(n)
+    return torch.arange(n, dtype=torch.float32)
+
+
+@make_table.register_fake
+def _(n: int) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.float32)
+
+
+def one_table_read_on_two_streams(
+    x: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    table = make_table(4)
+    with s1:
+        a = x + table
+    with s2:
+        b = x * table
+    return a, b
+
+
+def test_a_user_op_read_on_two_streams_runs_once_per_call() -> None:
+    """Only torch's own deterministic factories are copied per stream: a user op may count,
+    log or draw, and was called once per reading stream."""
+    compiled = torch.compile(one_table_read_on_two_streams, backend="userstreams")
+    x = torch.ones(4)
+    compiled(x, FakeAcceleratorStream(), FakeAcceleratorStream())
+    TABLE_CALLS.clear()
+    a, b = compiled(x, FakeAcceleratorStream(), FakeAcceleratorStream())
+    assert TABLE_CALLS == [4]
+    torch.testing.assert_close(a, 1 + torch.arange(4.0))
+    torch.testing.assert_close(b, torch.arange(4.0))

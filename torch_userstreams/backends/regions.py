@@ -77,15 +77,21 @@ def _users_by_stream(node: torch.fx.Node) -> dict[int | None, list[torch.fx.Node
     return by_stream
 
 
+_TORCH_NAMESPACES = frozenset({"aten", "prims"})
+
+
 def _copyable(target: object) -> bool:
-    """Whether a copy of the factory computes the same value: a deterministic op, or the
-    seeds Inductor makes for its random ops (each copy seeds its own stream's random ops:
-    no value is then read by two streams). A random factory of the user's (``randperm``,
-    ``rand`` under ``fallback_random``) is one value, whoever reads it."""
+    """Whether a copy of the factory computes the same value: a deterministic op of torch's
+    own, or the seeds Inductor makes for its random ops (each copy seeds its own stream's
+    random ops: no value is then read by two streams). A random factory of the user's
+    (``randperm``, ``rand`` under ``fallback_random``) is one value, whoever reads it, and
+    a user's op may count, log or draw whatever its schema says: it runs once."""
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
         return False
     if target.name() == "prims::inductor_seeds":
         return True
+    if target.namespace not in _TORCH_NAMESPACES:
+        return False
     return torch.Tag.nondeterministic_seeded not in target.tags
 
 
