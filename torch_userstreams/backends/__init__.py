@@ -130,9 +130,22 @@ def userstreams_aot_eager_backend(
     backend = aot_autograd(
         fw_compiler=compile_with_streams,
         bw_compiler=compile_with_streams,
+        inference_compiler=inference_synced(compile_with_streams),
         partition_fn=partition_for_executor,
     )
     return backend(gm, example_inputs)
+
+
+def inference_synced(compiler: Callable[..., Any]) -> Callable[..., Any]:
+    """An AOTAutograd ``inference_compiler``: ``compiler``, after the inference graph's
+    deallocation syncs that torch 2.11's AOTAutograd never asks for."""
+    from ..passes import sync_inference_graph_in_backend
+
+    def compile_inference(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        sync_inference_graph_in_backend(gm)
+        return compiler(gm, example_inputs, **kwargs)
+
+    return compile_inference
 
 
 def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:

@@ -30,6 +30,7 @@ import torch.fx
 from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
+from ..passes import sync_inference_graph_in_backend
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from .donations import keyed_by_donations, true_donations
@@ -76,6 +77,8 @@ class StreamRegionsCompiler:
         self.cpu = all_on_cpu(table)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        if kwargs.get("is_inference"):
+            sync_inference_graph_in_backend(gm)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         if not has_stream_work(gm):

@@ -10,6 +10,9 @@ and ensures (``contract``); the entry points run them on the compile whose backe
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
     wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too, after
                               their dealloc_syncs)
+
+On torch 2.11 AOTAutograd calls no stream pass on a forward-only graph: the package's
+backends run ``sync_inference_graph_in_backend`` on it when they compile it.
 """
 
 from __future__ import annotations
@@ -71,16 +74,35 @@ def _is_joint(gm: torch.fx.GraphModule) -> bool:
     return any(is_tangent(node) for node in gm.graph.nodes)
 
 
-def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies.
+def sync_inference_deallocations(gm: torch.fx.GraphModule) -> None:
+    """Sync a forward-only (inference) graph's deallocations, as a training graph's forward
+    is: AOTAutograd calls none of the passes above on such a graph."""
+    ensure(gm, "backward reads synced")
+    # Its events need a compile to hold them: export's decompositions reach this too.
+    in_compile = graph_compile.active_or_none() is not None
+    _run(gm, (dealloc_syncs.PASS,), in_compile and _has_streams(gm))
+    ensure(gm, "syncs complete")
 
-    AOTAutograd calls none of the passes above on a forward-only (inference) graph: its
-    deallocations are synced here, as a training graph's forward is (torch 2.12+; 2.11
-    calls no stream pass on such a graph)."""
+
+def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:
+    """Replaces AOTAutograd's wrapping, which mixes forward and backward dependencies. It is
+    the one stream pass AOTAutograd also calls on an inference graph (torch 2.12+): that
+    graph's deallocations are synced here first."""
     if not _is_joint(gm):
-        ensure(gm, "backward reads synced")
-        # Its events need a compile to hold them: export's decompositions call this too.
-        in_compile = graph_compile.active_or_none() is not None
-        _run(gm, (dealloc_syncs.PASS,), in_compile and _has_streams(gm))
-        ensure(gm, "syncs complete")
+        sync_inference_deallocations(gm)
     _run(gm, (sync_ordering.WRAP,), _has_syncs(gm))
+
+
+def aot_syncs_inference_graphs() -> bool:
+    """Whether this torch's AOTAutograd calls a stream pass on inference graphs (2.12+).
+    Where it does not (2.11), the package's backends sync them when they compile them."""
+    from torch._functorch._aot_autograd import streams
+
+    return hasattr(streams, "wrap_all_sync_nodes_with_control_deps")
+
+
+def sync_inference_graph_in_backend(gm: torch.fx.GraphModule) -> None:
+    """What a package backend runs on an inference graph before compiling it: the
+    deallocation syncs AOTAutograd 2.11 never asked for (a no-op where it did)."""
+    if not aot_syncs_inference_graphs():
+        sync_inference_deallocations(gm)
