@@ -186,3 +186,47 @@ def test_golden_signatures_of_patched_internals() -> None:
     golden = json.loads(GOLDEN.read_text())
     assert MINOR in golden, f"no golden signatures for torch {MINOR}: add them (CONTRIBUTING.md)"
     assert current_signatures() == golden[MINOR]
+
+
+BACKEND_NAME_RACE = """
+import json, threading, torch, torch_userstreams
+from torch._dynamo.backends import registry
+
+ours = ("userstreams", "userstreams_aot_eager")
+before = [name in registry._COMPILER_FNS for name in ours]
+torch_userstreams.install()
+registered = all(name in registry._COMPILER_FNS for name in ours)
+errors = []
+
+def name_it(backend, barrier):
+    barrier.wait()
+    try:
+        torch.compile(lambda x: x + 1, backend=backend)
+    except BaseException as exc:
+        errors.append(f"{backend}: {exc!r}")
+
+for backend in ours:
+    barrier = threading.Barrier(8)
+    threads = [threading.Thread(target=name_it, args=(backend, barrier)) for _ in range(8)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+torch_userstreams.uninstall()
+restored = [name in registry._COMPILER_FNS for name in ours] == before
+torch.compile(lambda x: x + 1, backend="userstreams")
+print(json.dumps([registered, errors, restored, torch_userstreams.is_installed()]))
+"""
+
+
+def test_threads_naming_a_package_backend_after_install_do_not_race() -> None:
+    """Dynamo registers a backend an entry point names on first use, with no lock: threads
+    naming it at once for the first time failed with ``duplicate name``, also after
+    ``install()`` (rarely: the load is quick then). ``install()`` registers both names;
+    ``uninstall()`` removes them, and naming one installs again."""
+    out = subprocess.run(
+        [sys.executable, "-c", BACKEND_NAME_RACE], capture_output=True, text=True, check=True
+    )
+    registered, errors, restored, reinstalled = json.loads(out.stdout.splitlines()[-1])
+    assert registered, "install() registers both names, so no thread registers them later"
+    assert errors == []
+    assert restored, "uninstall() left the package's names in Dynamo's registry"
+    assert reinstalled, "naming the backend after uninstall() installs again"
