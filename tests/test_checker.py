@@ -16,7 +16,7 @@ import torch
 import torch._functorch._aot_autograd.streams
 import torch.fx
 
-from torch_userstreams.fx.meta import set_stream
+from torch_userstreams.fx.meta import set_stream, stream_of
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import (
     Capture,
@@ -426,6 +426,26 @@ def test_an_inference_graphs_input_update_read_elsewhere_is_freed_safely(backend
     result = capture(update_then_read_elsewhere, *args, backend=backend)
     (forward,) = result.forward
     assert_stream_safe(forward)
+
+
+def average_on_side(ema: list[torch.Tensor], params: list[torch.Tensor], s: torch.Stream) -> None:
+    with s:
+        torch._foreach_lerp_(ema, params, 0.25)
+
+
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_an_input_update_is_written_back_on_the_stream_that_made_it(backend: str) -> None:
+    """``userstreams_aot_eager`` left the update of an input that needs no gradient (an
+    EMA, a norm's running statistics) to AOTAutograd's epilogue, which copies it back after
+    the graph, on the current stream, with no wait for the side stream that computed it."""
+    ema, params = [torch.zeros(4)], [torch.ones(4)]
+    result = capture(average_on_side, ema, params, SimStream(device="cpu"), backend=backend)
+    (forward,) = result.forward
+    (copy,) = [n for n in forward.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert copy.args[0].op == "placeholder"
+    assert stream_of(copy) == stream_of(copy.args[1]) is not None
+    assert_stream_safe(forward)
+    torch.testing.assert_close(ema[0], torch.full((4,), 0.25))
 
 
 def loss_on_side(x: torch.Tensor, w: torch.Tensor, side: torch.Stream) -> torch.Tensor:

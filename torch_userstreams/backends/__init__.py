@@ -123,17 +123,26 @@ def userstreams_aot_eager_backend(
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
-    from torch._dynamo.backends.common import aot_autograd
-
     from .executor import compile_with_streams
 
-    backend = aot_autograd(
-        fw_compiler=compile_with_streams,
-        bw_compiler=compile_with_streams,
-        inference_compiler=inference_synced(compile_with_streams),
-        partition_fn=partition_for_executor,
-    )
+    backend = aot_with_executor(compile_with_streams, compile_with_streams)
     return backend(gm, example_inputs)
+
+
+def aot_with_executor(forward: Callable[..., Any], backward: Callable[..., Any]) -> Any:
+    """AOTAutograd as ``userstreams_aot_eager`` runs it, with ``forward`` and ``backward``
+    compiling the graphs. Input mutations stay in the graph, as with ``aot_eager`` and
+    Inductor: AOTAutograd would otherwise apply them after the graph returns, on the current
+    stream, with no wait for the stream that computed them."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=backward,
+        inference_compiler=inference_synced(forward),
+        partition_fn=partition_for_executor,
+        keep_inference_input_mutations=True,
+    )
 
 
 def inference_synced(compiler: Callable[..., Any]) -> Callable[..., Any]:

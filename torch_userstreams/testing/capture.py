@@ -80,19 +80,14 @@ def _recording(
 
 
 def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
-    from torch._dynamo.backends.common import aot_autograd
-
-    from ..backends import inference_synced, partition_for_executor
+    from ..backends import aot_with_executor
     from ..backends.executor import compile_with_streams
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         table = _table_of_graph("userstreams_aot_eager")
-        forward = _recording(result.forward, table, compile_with_streams)
-        inner = aot_autograd(
-            fw_compiler=forward,
-            bw_compiler=_recording(result.backward, table, compile_with_streams),
-            inference_compiler=inference_synced(forward),
-            partition_fn=partition_for_executor,  # the backend's own: the graphs it runs
+        inner = aot_with_executor(  # the backend's own: the graphs it runs
+            _recording(result.forward, table, compile_with_streams),
+            _recording(result.backward, table, compile_with_streams),
         )
         return inner(gm, example_inputs)
 
