@@ -17,7 +17,7 @@ from helpers import forget_bindings
 import torch_userstreams
 from torch_userstreams.compile.native_inductor import inductor_enters_streams
 from torch_userstreams.compile.table import Phase
-from torch_userstreams.errors import UserObjectError
+from torch_userstreams.errors import NotCompilingError, UserObjectError
 from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
@@ -252,6 +252,28 @@ def test_a_leaked_stream_annotation_is_dropped(backend: str) -> None:
     x = torch.rand(3)
     torch.testing.assert_close(torch.compile(stream_free, backend=backend)(x), stream_free(x))
     assert "stream" not in fx_traceback.current_meta.get("custom", {})
+
+
+def loss(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * w).sin().sum()
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_leaked_annotation_met_outside_a_compile_is_named_and_dropped() -> None:
+    """A trace outside Dynamo (``aot_function``) of a function with no streams, after the
+    leak and before any frame compile dropped it: its nodes carry the annotation, and the
+    error said the graph had user streams and to compile it with torch.compile."""
+    from functorch.compile import aot_function, nop
+
+    with pytest.raises(Exception, match="multiple exits"):
+        torch.compile(reenters, backend="aot_eager")(
+            torch.ones(2), SimStream(device="cpu"), SimStream(device="cpu")
+        )
+    x, w = leaves()
+    with pytest.raises(NotCompilingError, match=r"annotation \{'stream': 0\} that an earlier"):
+        aot_function(loss, fw_compiler=nop, bw_compiler=nop)(x, w).backward()
+    aot_function(loss, fw_compiler=nop, bw_compiler=nop)(x, w).backward()
+    torch.testing.assert_close(x.grad, eager_grads(loss, x, w)[0])
 
 
 def test_an_annotation_naming_no_stream_of_the_graph_is_rejected() -> None:

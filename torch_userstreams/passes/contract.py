@@ -16,6 +16,7 @@ import torch.fx
 
 from ..compile.graph_compile import GraphCompile, PassResult
 from ..errors import NotCompilingError, UserStreamsError
+from ..fx.meta import drop_leaked_stream_annotation
 
 FACTS = "torch_userstreams.facts"  # gm.meta key: the facts ensured on this graph so far
 DEBUG_ENV = "TORCH_USERSTREAMS_DEBUG"
@@ -41,6 +42,22 @@ def facts_of(gm: torch.fx.GraphModule) -> set[str]:
     return gm.meta.setdefault(FACTS, set())  # type: ignore[no-any-return]
 
 
+def _outside_compile(pass_name: str) -> str:
+    leaked = drop_leaked_stream_annotation()
+    if leaked is not None:
+        return (
+            f"torch_userstreams: pass {pass_name} ran outside torch.compile on a graph whose "
+            f"nodes carry the stream annotation {{'stream': {leaked!r}}} that an earlier "
+            "torch.compile trace left behind when it failed inside a `with stream:` block "
+            "(every node traced since got it). The package dropped it now: trace again."
+        )
+    return (
+        f"torch_userstreams: pass {pass_name} ran outside torch.compile on a graph with user "
+        "streams; it adds events to the graph's table, which only a compile has. Compile the "
+        "function with torch.compile instead."
+    )
+
+
 def run_passes(
     gm: torch.fx.GraphModule, passes: Iterable[GraphPass], compile_: GraphCompile | None
 ) -> None:
@@ -57,11 +74,7 @@ def run_passes(
             )
         if compile_ is None:
             if graph_pass.needs_compile:
-                raise NotCompilingError(
-                    f"torch_userstreams: pass {graph_pass.name} ran outside torch.compile on a "
-                    "graph with user streams; it adds events to the graph's table, which only "
-                    "a compile has. Compile the function with torch.compile instead."
-                )
+                raise NotCompilingError(_outside_compile(graph_pass.name))
             compile_ = GraphCompile()  # records go nowhere: no table is read here
         notes = graph_pass.run(gm, compile_)
         if debug:

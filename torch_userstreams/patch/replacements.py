@@ -16,6 +16,7 @@ import torch
 from .. import api
 from ..compile import emitters, factories, graph_compile
 from ..compile.table import EntryKind, Phase
+from ..fx.meta import drop_leaked_stream_annotation
 
 log = logging.getLogger("torch_userstreams")
 DYNAMO = "dynamo"
@@ -144,21 +145,14 @@ def wrap_reset(native: Callable[[], None]) -> Callable[[], None]:
 
 
 def _drop_leaked_stream_annotation() -> None:
-    """Dynamo enters ``with stream:`` by running ``fx.traceback.annotate({"stream": i})`` for
-    real, and exits it when the trace cleans up. A trace that fails inside (upstream
-    Dynamo raises "multiple exits?" on ``with s1: with s2: with s1:``) never exits, and
-    every node of every later trace would run on stream ``i`` of some other graph. No
-    frame compile starts inside a stream context, so any stream annotation here leaked."""
-    from torch.fx import traceback as fx_traceback
-
-    from ..fx.meta import CUSTOM, STREAM
-
-    custom = fx_traceback.current_meta.get(CUSTOM)
-    if isinstance(custom, dict) and STREAM in custom:
+    """No frame compile starts inside a stream context, so any stream annotation set here
+    leaked from an earlier trace (``fx.meta.drop_leaked_stream_annotation``)."""
+    leaked = drop_leaked_stream_annotation()
+    if leaked is not None:
         log.warning(
             "torch_userstreams: dropped the stream annotation %r that an earlier, failed "
             "trace left behind",
-            custom.pop(STREAM),
+            leaked,
         )
 
 
