@@ -15,7 +15,6 @@ import torch.fx
 from helpers import forget_bindings
 
 import torch_userstreams
-from torch_userstreams.compile.native_inductor import inductor_enters_streams
 from torch_userstreams.compile.table import Phase
 from torch_userstreams.errors import NotCompilingError, UserObjectError
 from torch_userstreams.run import binding as bindings
@@ -370,28 +369,3 @@ def test_backward_bindings_are_released_with_the_autograd_graph() -> None:
     del out
     forget_bindings()
     assert live_user_objects() == before
-
-
-def doubled_on(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
-    with s:
-        y = x.sin() * 2
-    return y + 1
-
-
-@pytest.mark.usefixtures("installed")
-def test_native_inductor_refuses_cpu_stream_work_and_names_the_fix() -> None:
-    """Inductor's CPU code entered ``stream1`` without defining it: every call failed with
-    ``NameError: name 'stream1' is not defined`` (natively too), naming nothing. Inductor
-    2.11 ignores stream annotations: there it compiles."""
-    x, s = torch.rand(3), torch.Stream(device="cpu")
-    expected = x.sin() * 2 + 1
-    native = torch.compile(doubled_on, backend="inductor")
-    if inductor_enters_streams():
-        with pytest.raises(Exception, match=r"backend 'inductor' cannot run graph doubled_on "):
-            native(x, s)
-    else:
-        torch.testing.assert_close(native(x, s), expected)
-    torch.testing.assert_close(torch.compile(doubled_on, backend="userstreams")(x, s), expected)
-    torch._dynamo.reset()
-    plain = torch.compile(lambda t: t.sin() * 2 + 1, backend="inductor")  # no stream: as ever
-    torch.testing.assert_close(plain(x), expected)

@@ -186,8 +186,8 @@ _BY_NAME = {
 def __getattr__(name: str) -> Any:
     """The entry points' names: installs the package, then hands the backend over."""
     if name in _BY_NAME:
-        from ..patch.install import install_for_entry_point
+        from ..patch.install import install
 
-        install_for_entry_point()
+        install()
         return _BY_NAME[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ from ..errors import UnsupportedPathError, UserObjectError, compiled_autograd_hi
 from ..run.backward import attach
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
-from . import graph_compile, method_syncs, native_inductor, prologue
+from . import graph_compile, method_syncs, prologue
 from .graph_compile import GraphCompile
 from .table import UserObjectTable
 
@@ -144,7 +144,6 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             if method_syncs.rewrite(module.graph, compile_.table):
                 module.recompile()
         check_streams(self.graph, compile_.table)
-        native_inductor.refuse_cpu_streams(self.graph, self.compiler_fn, compile_.table.graph_name)
         with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)
         return finish(self, compile_, result)

@@ -24,7 +24,7 @@ import torch
 from ..errors import PatchPointError, UnsupportedTorchError
 from ..run import native
 from ..run.state import forget_thread_state, wait_for_calls_on_other_threads
-from . import backend_names, fakes
+from . import fakes
 from .points import (
     LAZY_MODULES,
     POINTS,
@@ -76,7 +76,6 @@ class Resolved:
 
 _lock = threading.RLock()
 _applied: list[tuple[Site, Any]] = []
-_registered_names: list[str] = []
 
 
 def supported_minor(version: str | None = None) -> str:
@@ -227,16 +226,6 @@ def _between_compiles() -> Iterator[None]:
 
 def install() -> None:
     """Patch torch.compile's user-object layer. Idempotent; raises and patches nothing on error."""
-    _install(register_names=True)
-
-
-def install_for_entry_point() -> None:
-    """``install()`` for Dynamo loading a backend by name: Dynamo registers the name itself
-    once the load returns, so this leaves the names out of its registry."""
-    _install(register_names=False)
-
-
-def _install(register_names: bool) -> None:
     with _between_compiles():
         if _applied:
             return
@@ -251,8 +240,6 @@ def _install(register_names: bool) -> None:
             _restore(done)
             raise
         _applied.extend(done)
-        if register_names:
-            _registered_names.extend(backend_names.register())
         native.set_installed(True)
 
 
@@ -274,8 +261,6 @@ def uninstall() -> None:
             )
         _restore(_applied)
         _applied.clear()
-        backend_names.unregister(_registered_names)
-        _registered_names.clear()
         forget_thread_state()
 
 
