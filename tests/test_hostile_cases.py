@@ -16,7 +16,7 @@ from helpers import forget_bindings
 
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
-from torch_userstreams.errors import NotCompilingError, UserObjectError
+from torch_userstreams.errors import NotCompilingError, UnsupportedPathError, UserObjectError
 from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
@@ -369,3 +369,36 @@ def test_backward_bindings_are_released_with_the_autograd_graph() -> None:
     del out
     forget_bindings()
     assert live_user_objects() == before
+
+
+def doubled_on(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = x.sin() * 2
+    return y + 1
+
+
+def viewed_on(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = x.t()
+    return y + 1
+
+
+@pytest.mark.usefixtures("installed")
+def test_native_inductors_undefined_stream_is_named_with_the_fix() -> None:
+    """Inductor 2.12+ enters ``stream1`` in its CPU code without defining it: every call of
+    such a graph failed with ``NameError: name 'stream1' is not defined`` (natively too),
+    naming neither the graph nor what compiles it. Inductor 2.11 ignores the annotation."""
+    x, s = torch.rand(3, 2), torch.Stream(device="cpu")
+    native = torch.compile(doubled_on, backend="inductor")
+    try:
+        out = native(x, s)
+    except UnsupportedPathError as exc:
+        assert "graph doubled_on" in str(exc) and "backend='userstreams'" in str(exc)
+        assert isinstance(exc.__cause__, NameError)
+    else:
+        assert torch.__version__.startswith("2.11."), "Inductor 2.12+ enters user streams"
+        torch.testing.assert_close(out, doubled_on(x, s))
+    fixed = torch.compile(doubled_on, backend="userstreams")
+    torch.testing.assert_close(fixed(x, s), doubled_on(x, s))
+    # Only a view on the stream: no kernel runs there, and Inductor's code works.
+    torch.testing.assert_close(torch.compile(viewed_on, backend="inductor")(x, s), viewed_on(x, s))
