@@ -110,6 +110,35 @@ def test_installed_context_manager_restores() -> None:
     assert all(snapshot()[key] is value for key, value in before.items())
 
 
+def test_installed_blocks_overlapping_across_threads_keep_the_package_installed() -> None:
+    """A block that ended while another thread's block was still open uninstalled the
+    package under it (``explain()`` and ``testing.capture()`` open such blocks)."""
+    assert not torch_userstreams.is_installed()
+    first_inside, second_inside, first_left = (threading.Event() for _ in range(3))
+    seen: list[bool] = []
+
+    def first() -> None:
+        with torch_userstreams.installed():
+            first_inside.set()
+            second_inside.wait(30)
+        first_left.set()
+
+    def second() -> None:
+        first_inside.wait(30)
+        with torch_userstreams.installed():
+            second_inside.set()
+            first_left.wait(30)
+            seen.append(torch_userstreams.is_installed())
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [True]
+    assert not torch_userstreams.is_installed(), "the last block out uninstalls"
+
+
 @pytest.mark.parametrize("version", ["2.10.0", "2.16.0", "2.13.0.dev20260101+cpu", "3.0.0"])
 def test_unsupported_version_raises_and_patches_nothing(
     monkeypatch: pytest.MonkeyPatch, version: str

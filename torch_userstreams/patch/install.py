@@ -264,16 +264,32 @@ def uninstall() -> None:
         forget_thread_state()
 
 
+# The ``installed()`` blocks open in any thread, and whether the first of them installed.
+_blocks_lock = threading.Lock()
+_open_blocks = 0
+_blocks_installed = False
+
+
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """Install for the duration of the block; leave it as it was found afterwards."""
-    was_installed = is_installed()
-    install()
+    """Install for the duration of the block; leave it as it was found afterwards.
+
+    Blocks may overlap across threads (``explain()`` and ``testing.capture()`` open one):
+    the package stays installed until the last open block ends, and is uninstalled then
+    only if it was not installed when the first of them began."""
+    global _open_blocks, _blocks_installed
+    with _blocks_lock:
+        if _open_blocks == 0:
+            _blocks_installed = not is_installed()
+        install()
+        _open_blocks += 1
     try:
         yield
     finally:
-        if not was_installed:
-            uninstall()
+        with _blocks_lock:
+            _open_blocks -= 1
+            if _open_blocks == 0 and _blocks_installed:
+                uninstall()
 
 
 @contextlib.contextmanager
