@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_userstreams
-from torch_userstreams.demo import main
+from torch_userstreams.demo import cli, main
 from torch_userstreams.demo.timeline import RECORD, WAIT
 from torch_userstreams.demo.trace import timeline_from_trace
 
@@ -71,7 +71,7 @@ def test_compare_native_reports_native_side_by_side() -> None:
 
 def test_svg_timeline_of_one_step(tmp_path: Path) -> None:
     out = tmp_path / "step.svg"
-    status, text = run_demo("--steps", "1", "--timeline", str(out))
+    status, text = run_demo("--steps", "2", "--timeline", str(out))
     assert status == 0, text
     svg = out.read_text()
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
@@ -95,6 +95,60 @@ def test_png_without_matplotlib_says_what_to_do(
     assert exc.value.code == 2
     message = capsys.readouterr().err
     assert "pip install matplotlib" in message and ".svg" in message
+
+
+def refusal(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The parser's one-line error for ``args``: it exits 2 before any training."""
+    with pytest.raises(SystemExit) as exc:
+        main([*BASE, *args])
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--steps", "1"), "--steps 1: must be in 2..10000 (the first step compiles"),
+        (("--steps", "1000000000"), "--steps 1000000000: must be in 2..10000"),
+        (("--threads", "-1"), "--threads -1: must be in 1.."),
+        (("--threads", "1000000"), "--threads 1000000: must be in 1.."),
+        (("--seed", "-1"), "--seed -1: must be in 0..9223372036854775807"),
+        (("--seed", str(2**64)), f"--seed {2**64}: must be in 0..9223372036854775807"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_before_training(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], expected: str
+) -> None:
+    assert expected in refusal(capsys, *args)
+
+
+def test_distributed_without_torchrun_or_with_single_process_options_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    message = refusal(capsys, "--distributed")
+    assert "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set" in message
+    assert "torchrun --nproc-per-node N -m torch_userstreams.demo --distributed" in message
+    message = refusal(capsys, "--distributed", "--compare-native")
+    assert "--compare-native is not supported with --distributed" in message
+    message = refusal(capsys, "--distributed", "--timeline", str(tmp_path / "t.svg"))
+    assert "--timeline is not supported with --distributed" in message
+
+
+def test_an_unwritable_timeline_path_is_refused_before_training(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "a-folder.svg"
+    folder.mkdir()
+    assert "is a directory; give a file path" in refusal(capsys, "--timeline", str(folder))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    message = refusal(capsys, "--timeline", str(blocker / "sub" / "t.svg"))
+    assert f"{blocker} is not a directory" in message
+    # A folder that does not exist yet is fine: the writer creates it.
+    assert cli.output_problem("--timeline", tmp_path / "new" / "deeper" / "t.svg") is None
+    assert not (tmp_path / "new").exists()
 
 
 def test_cuda_trace_lanes_per_stream() -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,16 @@ from . import report
 from .config import BACKENDS, DemoConfig, resolve_device
 from .model import make_batches
 from .train import RunResult, run_compiled, run_eager
+
+# The first step compiles, so steps/s and live growth are measured from step 2 on.
+MIN_STEPS = 2
+# Every step's batch is made up front (~17 KB each): 10k steps hold ~170 MB per process,
+# far more than a demo needs; 10**9 would run out of memory before the first step.
+MAX_STEPS = 10_000
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits; the data seed is seed + 1 (+ rank)
+# Variables torch.distributed's env:// rendezvous reads; torchrun sets them all.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN = "torchrun --nproc-per-node N -m torch_userstreams.demo --distributed"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,10 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="where to train (default auto: CUDA when available, else CPU)",
     )
-    parser.add_argument("--steps", type=int, default=DemoConfig.steps, help="training steps")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DemoConfig.steps,
+        help=f"training steps, {MIN_STEPS}..{MAX_STEPS} (step 1 compiles and is not timed)",
+    )
     parser.add_argument("--backend", choices=BACKENDS, default=DemoConfig.backend)
     parser.add_argument(
-        "--seed", type=int, default=DemoConfig.seed, help="weights and data (same for all runs)"
+        "--seed",
+        type=int,
+        default=DemoConfig.seed,
+        help="weights and data (same for all runs), 0..2**63-1",
     )
     parser.add_argument(
         "--compare-native",
@@ -51,34 +71,113 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="CPU intra-op threads while training (default 1: the model is tiny, more threads "
-        "only add noise); 0 keeps torch's setting",
+        "only add noise), at most 4x the CPUs; 0 keeps torch's setting",
     )
     parser.add_argument(
         "--distributed",
         action="store_true",
         help="under torchrun: train with DistributedDataParallel on every rank, compiled and "
-        "eager (gloo on CPU, NCCL with one GPU per rank); rank 0 prints the summary",
+        "eager (gloo on CPU, NCCL with one GPU per rank); rank 0 prints the summary; "
+        "not with --compare-native or --timeline",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
-def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DemoConfig:
-    """Validate before training, so a bad option fails in a second, not after a minute."""
+def max_threads() -> int:
+    """More threads than cores only add contention for this tiny model; 4x the cores leaves
+    room for SMT and odd affinity while staying far from counts that crash OpenMP (10**6
+    segfaults) or overflow a C int."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_range(
+    parser: argparse.ArgumentParser, option: str, value: int, low: int, high: int, why: str = ""
+) -> None:
+    """One line naming the option, the value and the allowed range, then exit 2."""
+    if not low <= value <= high:
+        parser.error(f"{option} {value}: must be in {low}..{high}{why}")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (the writer creates the ones between)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _existing_problem(option: str, path: Path) -> str | None:
+    """An existing regular file must open for writing; other files (/dev/null) are let be,
+    since opening a FIFO to test it would block."""
+    if path.is_dir():
+        return f"{option} {path}: is a directory; give a file path"
+    if path.is_file():
+        try:
+            path.open("ab").close()  # appends nothing: the file is left as it is
+        except OSError as exc:
+            return f"{option} {path}: cannot write this file ({exc.strerror})"
+    return None
+
+
+def output_problem(option: str, path: Path) -> str | None:
+    """None if a file can be written at ``path`` (parents made as needed), else why not:
+    checked before a long run, which would otherwise fail only when it writes."""
+    if path.exists():
+        return _existing_problem(option, path)
+    folder = _nearest_existing(path.parent.absolute())
+    if not folder.is_dir():
+        return f"{option} {path}: {folder} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass  # access() says yes to root even where no file can be made (/proc)
+    except OSError as exc:
+        return f"{option} {path}: cannot create files in {folder} ({exc.strerror})"
+    return None
+
+
+def _check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    why = " (the first step compiles: steps/s are measured from step 2 on"
+    why += f"; batches are made up front, so at most {MAX_STEPS})"
+    check_range(parser, "--steps", args.steps, MIN_STEPS, MAX_STEPS, why)
+    if args.threads != 0:
+        why = f" (at most 4x this machine's {os.cpu_count()} CPUs), or 0 for torch's setting"
+        check_range(parser, "--threads", args.threads, 1, max_threads(), why)
+    check_range(parser, "--seed", args.seed, 0, MAX_SEED)
+
+
+def _check_distributed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--distributed needs torchrun's environment and does not draw or compare native."""
+    if not args.distributed:
+        return
+    for option, given in (("--compare-native", args.compare_native), ("--timeline", args.timeline)):
+        if given:
+            parser.error(f"{option} is not supported with --distributed; drop one of the two")
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        parser.error(
+            f"--distributed: {', '.join(missing)} not set (torchrun sets them); "
+            f"run it under `{TORCHRUN}`"
+        )
+
+
+def _check_timeline(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     from .render import can_render
 
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    if args.threads < 0:
-        parser.error("--threads must be 0 (torch's setting) or more")
+    if args.timeline is not None:
+        problem = can_render(args.timeline) or output_problem("--timeline", args.timeline)
+        if problem:
+            parser.error(problem)
+
+
+def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DemoConfig:
+    """Validate before training, so a bad option fails in a second, not after a minute."""
+    _check_numbers(args, parser)
+    _check_distributed(args, parser)
     try:
         device = resolve_device(args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.timeline is not None:
-        problem = can_render(args.timeline)
-        if problem:
-            parser.error(problem)
+    _check_timeline(args, parser)
     return DemoConfig(
         device=device,
         steps=args.steps,
