@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch_userstreams
+from torch_userstreams.demo.cli import output_problem
 
 from . import compile_time, cuda, demo_speed, distributed, live_objects, overhead
 from .config import Config
@@ -52,13 +53,26 @@ def config_from(args: argparse.Namespace) -> Config:
     return config
 
 
+def positive(text: str) -> int:
+    """A count of calls or samples: zero would time nothing and divide by zero later."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
+    return value
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The options, with the JSON path checked now: the rows are written after minutes."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write rows")
-    parser.add_argument("--calls", type=int, help="timed calls per sample, live-object calls")
-    parser.add_argument("--repeats", type=int, help="samples per mode (median reported)")
-    return parser.parse_args(argv)
+    parser.add_argument("--calls", type=positive, help="timed calls per sample, live-object calls")
+    parser.add_argument("--repeats", type=positive, help="samples per mode (median reported)")
+    args = parser.parse_args(argv)
+    problem = output_problem("--json", args.json)
+    if problem:
+        parser.error(problem)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

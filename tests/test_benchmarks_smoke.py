@@ -126,3 +126,30 @@ class ReluLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.linear(x))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--calls", "0"), "argument --calls: 0: must be 1 or more"),
+        (("--repeats", "-3"), "argument --repeats: -3: must be 1 or more"),
+        (("--json", "{file}/rows.json"), "{file} is not a directory"),
+    ],
+)
+def test_bad_options_are_refused_before_any_benchmark_runs(
+    args: tuple[str, ...],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    entry = importlib.import_module("benchmarks.__main__")
+    monkeypatch.setattr(entry, "run_all", lambda config: pytest.fail("a benchmark ran"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        entry.main([arg.format(file=a_file) for arg in args])
+    assert exc.value.code == 2
+    assert expected.format(file=a_file) in capsys.readouterr().err
