@@ -15,7 +15,7 @@
 # Writes OUTDIR/summary.md (each part's result and the numbers to paste into a closing note)
 # and one log per part. The package is used from this checkout: when it is not installed,
 # its backends are registered through a temporary entry-point record (no pip, no network).
-# Exit status: 0 when every part passed.
+# Exit status: 0 when every part passed; 3, with nothing run, when torch sees no CUDA device.
 set -uo pipefail
 
 OUT=${1:?usage: tools/gpu_check.sh OUTDIR}
@@ -45,6 +45,21 @@ except md.PackageNotFoundError:
     lines += [f"{k} = {v}" for k, v in project["entry-points"]["torch_dynamo_backends"].items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 PY
+
+# Without a usable CUDA device every cuda test skips and the rest measures the CPU: say so
+# and stop, rather than report "passed" for a check that checked nothing.
+if ! NO_CUDA=$("$PYTHON" - 2>&1 <<'PY'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA device (torch.version.cuda: "
+             f"{torch.version.cuda}); run this on a machine with a GPU and a CUDA build of torch")
+PY
+); then
+  NO_CUDA=${NO_CUDA##*$'\n'}  # the last line: torch may warn first (no NumPy, say)
+  printf '# tools/gpu_check.sh summary\n\nNOT RUN: %s\n' "$NO_CUDA" >"$OUT/summary.md"
+  echo "gpu_check: not run: $NO_CUDA" >&2
+  exit 3
+fi
 
 STATUS="$SITE/status"
 mkdir -p "$STATUS"
