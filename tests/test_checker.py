@@ -506,3 +506,11 @@ def test_no_read_of_the_incoming_gradient_moves_above_the_entry_wait(backend: st
     result = capture(normed_on_side, x, w, backend=backend)
     for _, gm in result.graphs:
         assert_stream_safe(gm)
+
+
+@pytest.mark.parametrize("not_a_graph", [lambda x: x, torch.fx.Graph(), None])
+def test_something_other_than_a_graph_module_is_a_type_error_naming_it(not_a_graph: object) -> None:
+    with pytest.raises(TypeError, match=r"checks a torch\.fx\.GraphModule, not ") as exc:
+        check_stream_safety(not_a_graph)  # type: ignore[arg-type]
+    assert type(not_a_graph).__name__ in str(exc.value)
+    assert "torch_userstreams.testing.capture(fn, *args).forward" in str(exc.value)

@@ -322,8 +322,16 @@ def test_installing_does_not_change_eager_cond() -> None:
 
 # 7. Clear errors: lookup(999) raised native's AssertionError and lookup('x') a TypeError.
 @pytest.mark.usefixtures("installed")
-@pytest.mark.parametrize("index", [999, "x", -1, 1.0])
-def test_a_bad_lookup_raises_the_package_error(index: Any) -> None:
+@pytest.mark.parametrize(
+    ("index", "why"),
+    [
+        (999, "the index was registered for another graph"),
+        ("x", "an index is an int, not str"),
+        (-1, "indices start at 0"),
+        (1.0, "an index is an int, not float"),
+    ],
+)
+def test_a_bad_lookup_raises_the_package_error(index: Any, why: str) -> None:
     with pytest.raises(UserObjectError, match=rf"lookup\({index!r}\)"):
         torch_userstreams.lookup(index)
 
@@ -334,8 +342,11 @@ def test_a_bad_lookup_raises_the_package_error(index: Any) -> None:
         gm.recompile()
         return gm
 
-    with pytest.raises(UserObjectError, match=rf"graph side .* no user object at index {index!r}"):
+    with pytest.raises(
+        UserObjectError, match=rf"graph side .* no user object at index {index!r}"
+    ) as exc:
         torch.compile(side, backend=backend)(*leaves(), SimStream(device="cpu"))
+    assert f"entries): {why}. Use the index that request_stream()" in str(exc.value)
 
 
 @pytest.mark.usefixtures("installed")

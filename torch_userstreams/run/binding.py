@@ -28,15 +28,28 @@ def objects_of(binding: Binding) -> tuple[Any, ...]:
 def resolve(binding: Binding, index: int) -> Any:
     """The object at table ``index`` of the call ``binding``; checked, with a clear error."""
     if type(index) is not int or not 0 <= index < len(binding) - 1:
-        raise UserObjectError(
-            f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user "
-            f"object at index {index!r} (its table has {len(binding) - 1} entries). The index "
-            "was registered for another graph; request objects through the compile being run."
-        )
+        raise _no_such_index(binding, index)
     obj = binding[index + 1]
     if obj is None:
         raise _unloaded(binding, index)
     return obj
+
+
+def _no_such_index(binding: Binding, index: object) -> UserObjectError:
+    """Why ``index`` names no entry: the wrong type, below 0, or past this graph's table
+    (an index from another graph's compile, the one way a backend gets such a number)."""
+    size = len(binding) - 1
+    if type(index) is not int:
+        why = f"an index is an int, not {type(index).__name__}"
+    elif index < 0:
+        why = "indices start at 0"
+    else:
+        why = "the index was registered for another graph"
+    return UserObjectError(
+        f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user object at "
+        f"index {index!r} (its table has {size} entries): {why}. Use the index that "
+        "request_stream(), request_event() or current_stream() returned in the compile being run."
+    )
 
 
 def _unloaded(binding: Binding, index: int) -> UserObjectError:

@@ -70,6 +70,12 @@ def check_stream_safety(
     gm: torch.fx.GraphModule, *, current_streams: Mapping[str, int] | None = None
 ) -> SafetyResult:
     """Every RAW/WAR/WAW and memory-reuse hazard between the streams of ``gm``."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(
+            "check_stream_safety checks a torch.fx.GraphModule, not "
+            f"{type(gm).__name__}: pass a graph a backend received, or one from "
+            "torch_userstreams.testing.capture(fn, *args).forward / .backward."
+        )
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
     view: GraphView = read_graph(gm, current_streams, gm.meta.get(STREAM_DEVICES_META, {}))
