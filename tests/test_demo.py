@@ -11,6 +11,7 @@ import torch
 
 import torch_userstreams
 from torch_userstreams.demo import cli, main
+from torch_userstreams.demo.config import DemoConfig
 from torch_userstreams.demo.timeline import RECORD, WAIT
 from torch_userstreams.demo.trace import timeline_from_trace
 
@@ -148,7 +149,53 @@ def test_an_unwritable_timeline_path_is_refused_before_training(
     assert f"{blocker} is not a directory" in message
     # A folder that does not exist yet is fine: the writer creates it.
     assert cli.output_problem("--timeline", tmp_path / "new" / "deeper" / "t.svg") is None
-    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder.svg"]  # no probe
+
+
+def test_broken_symlinks_on_the_timeline_path_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The writer follows links: a dangling one fails it (FileNotFoundError or, as a
+    folder, FileExistsError), so the check names the link instead of passing it."""
+    missing = tmp_path / "missing"
+    (tmp_path / "dangling.svg").symlink_to(missing / "t.svg")
+    (tmp_path / "folder-link").symlink_to(missing)
+    (tmp_path / "loop.svg").symlink_to(tmp_path / "loop.svg")
+    for name in ("dangling.svg", "loop.svg"):
+        message = refusal(capsys, "--timeline", str(tmp_path / name))
+        assert message.endswith(f"{tmp_path / name}: is a broken symlink (or a loop of them)")
+    message = refusal(capsys, "--timeline", str(tmp_path / "folder-link" / "t.svg"))
+    assert message.endswith(f"{tmp_path / 'folder-link'} is a broken symlink")
+
+
+def test_a_folder_that_cannot_be_searched_is_refused_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Python 3.10-3.12's Path.exists raises PermissionError under a folder this user cannot
+    search (root searches every folder, so the error is injected)."""
+    locked = tmp_path / "locked"
+
+    def is_symlink(path: Path) -> bool:
+        raise PermissionError(13, "Permission denied", str(locked / "t.svg"))
+
+    monkeypatch.setattr(Path, "is_symlink", is_symlink)
+    message = refusal(capsys, "--timeline", str(locked / "t.svg"))
+    assert message.endswith(f"cannot write there: Permission denied ({locked / 't.svg'})")
+
+
+def test_the_edges_of_every_range_are_accepted() -> None:
+    parser = cli.build_parser()
+    for args in (
+        ["--steps", "2", "--threads", "0", "--seed", "0"],
+        ["--steps", "10000", "--threads", str(cli.max_threads()), "--seed", str(2**63 - 1)],
+        ["--threads", "1"],
+    ):
+        config = cli.config_from(parser.parse_args([*BASE, *args]), parser)
+        given = dict(zip(args[::2], args[1::2], strict=True))
+        assert config.steps == int(given.get("--steps", DemoConfig.steps))
+        assert config.seed == int(given.get("--seed", 0))
+        expected_threads = int(given["--threads"])
+        assert config.threads == (None if expected_threads == 0 else expected_threads)
 
 
 def test_cuda_trace_lanes_per_stream() -> None:

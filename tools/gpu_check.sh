@@ -15,7 +15,8 @@
 # Writes OUTDIR/summary.md (each part's result and the numbers to paste into a closing note)
 # and one log per part. The package is used from this checkout: when it is not installed,
 # its backends are registered through a temporary entry-point record (no pip, no network).
-# Exit status: 0 when every part passed; 3, with nothing run, when torch sees no CUDA device.
+# Exit status: 0 when every part passed; 3, with nothing run, when torch does not import or
+# sees no CUDA device (summary.md says which).
 set -uo pipefail
 
 OUT=${1:?usage: tools/gpu_check.sh OUTDIR}

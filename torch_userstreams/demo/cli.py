@@ -21,8 +21,9 @@ from .train import RunResult, run_compiled, run_eager
 
 # The first step compiles, so steps/s and live growth are measured from step 2 on.
 MIN_STEPS = 2
-# Every step's batch is made up front (~17 KB each): 10k steps hold ~170 MB per process,
-# far more than a demo needs; 10**9 would run out of memory before the first step.
+# Every step's batch is made up front (~17 KB each at dim 64, ~64 KB at the distributed
+# demo's dim 256): 10k steps hold 170-650 MB per process, far more than a demo needs;
+# 10**9 would run out of memory before the first step.
 MAX_STEPS = 10_000
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits; the data seed is seed + 1 (+ rank)
 # Variables torch.distributed's env:// rendezvous reads; torchrun sets them all.
@@ -100,8 +101,9 @@ def check_range(
 
 
 def _nearest_existing(path: Path) -> Path:
-    """``path`` or its closest ancestor that exists (the writer creates the ones between)."""
-    while not path.exists() and path != path.parent:
+    """``path`` or its closest ancestor that is there, a broken symlink included (the writer
+    creates the folders between, and fails on a name a dangling link already takes)."""
+    while not os.path.lexists(path) and path != path.parent:
         path = path.parent
     return path
 
@@ -119,12 +121,11 @@ def _existing_problem(option: str, path: Path) -> str | None:
     return None
 
 
-def output_problem(option: str, path: Path) -> str | None:
-    """None if a file can be written at ``path`` (parents made as needed), else why not:
-    checked before a long run, which would otherwise fail only when it writes."""
-    if path.exists():
-        return _existing_problem(option, path)
+def _new_file_problem(option: str, path: Path) -> str | None:
+    """A file to be made: the nearest folder that is there must take a new file."""
     folder = _nearest_existing(path.parent.absolute())
+    if folder.is_symlink() and not folder.exists():
+        return f"{option} {path}: {folder} is a broken symlink"
     if not folder.is_dir():
         return f"{option} {path}: {folder} is not a directory"
     try:
@@ -133,6 +134,20 @@ def output_problem(option: str, path: Path) -> str | None:
     except OSError as exc:
         return f"{option} {path}: cannot create files in {folder} ({exc.strerror})"
     return None
+
+
+def output_problem(option: str, path: Path) -> str | None:
+    """None if a file can be written at ``path`` (parents made as needed), else why not:
+    checked before a long run, which would otherwise fail only when it writes."""
+    try:
+        if path.is_symlink() and not path.exists():
+            return f"{option} {path}: is a broken symlink (or a loop of them)"
+        if path.exists():
+            return _existing_problem(option, path)
+        return _new_file_problem(option, path)
+    except OSError as exc:  # a folder on the way that this user cannot search or write
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{option} {path}: cannot write there: {exc.strerror}{where}"
 
 
 def _check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

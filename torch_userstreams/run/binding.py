@@ -37,14 +37,14 @@ def resolve(binding: Binding, index: int) -> Any:
 
 def _no_such_index(binding: Binding, index: object) -> UserObjectError:
     """Why ``index`` names no entry: the wrong type, below 0, or past this graph's table
-    (an index from another graph's compile, the one way a backend gets such a number)."""
+    (most likely an index that another graph's compile returned)."""
     size = len(binding) - 1
     if type(index) is not int:
         why = f"an index is an int, not {type(index).__name__}"
     elif index < 0:
         why = "indices start at 0"
     else:
-        why = "the index was registered for another graph"
+        why = "it is past the end of the table (an index from another graph's compile?)"
     return UserObjectError(
         f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user object at "
         f"index {index!r} (its table has {size} entries): {why}. Use the index that "

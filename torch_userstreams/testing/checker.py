@@ -73,8 +73,8 @@ def check_stream_safety(
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(
             "check_stream_safety checks a torch.fx.GraphModule, not "
-            f"{type(gm).__name__}: pass a graph a backend received, or one from "
-            "torch_userstreams.testing.capture(fn, *args).forward / .backward."
+            f"{type(gm).__name__}: pass a graph a backend received, or an item of "
+            "torch_userstreams.testing.capture(fn, *args).forward or .backward."
         )
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
