@@ -106,9 +106,9 @@ def render(gm: torch.fx.GraphModule, *, forward_outputs: list[str] | None = None
 
 
 def capture_aot(fn: Any, *args: Any) -> tuple[list[str], list[str], Any]:
-    """Compile ``fn`` with the package's aot_eager-style backend; return rendered graphs."""
-    from torch._dynamo.backends.common import aot_autograd
-
+    """Compile ``fn`` as ``userstreams_aot_eager`` does (the same AOTAutograd settings);
+    return the rendered graphs."""
+    from torch_userstreams.backends import aot_with_executor
     from torch_userstreams.backends.executor import compile_with_streams
 
     forward: list[str] = []
@@ -124,7 +124,7 @@ def capture_aot(fn: Any, *args: Any) -> tuple[list[str], list[str], Any]:
         backward.append(render(gm, forward_outputs=returned))
         return compile_with_streams(gm, example_inputs)
 
-    backend = aot_autograd(fw_compiler=record_forward, bw_compiler=record_backward)
+    backend = aot_with_executor(record_forward, record_backward)
     torch._dynamo.reset()
     out = torch.compile(fn, backend=backend)(*args)
     return forward, backward, out

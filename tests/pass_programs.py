@@ -105,14 +105,7 @@ PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-# torch 2.11's and 2.12's AOTAutograd refuse input mutations under user streams
-# (pytorch#172522); test_pass_graphs checks that they still do, with torch's clear error.
-INPUT_MUTATION_UNSUPPORTED = torch.__version__.startswith(("2.11.", "2.12."))
 WRAPS_SYNCS = hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node")
-
-
-def supported(name: str) -> bool:
-    return not (name == "inplace_on_input" and INPUT_MUTATION_UNSUPPORTED)
 
 
 def inputs(name: str, seed: int = 0) -> list[torch.Tensor]:
