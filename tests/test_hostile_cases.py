@@ -346,7 +346,7 @@ def test_a_bad_lookup_raises_the_package_error(index: Any, why: str) -> None:
         UserObjectError, match=rf"graph side .* no user object at index {index!r}"
     ) as exc:
         torch.compile(side, backend=backend)(*leaves(), SimStream(device="cpu"))
-    assert f"entries): {why}. Use the index that request_stream()" in str(exc.value)
+    assert f"entries): {why}. Use the index that new_stream()" in str(exc.value)
 
 
 @pytest.mark.usefixtures("installed")
@@ -413,3 +413,35 @@ def test_native_inductors_undefined_stream_is_named_with_the_fix() -> None:
     torch.testing.assert_close(fixed(x, s), doubled_on(x, s))
     # Only a view on the stream: no kernel runs there, and Inductor's code works.
     torch.testing.assert_close(torch.compile(viewed_on, backend="inductor")(x, s), viewed_on(x, s))
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_backend_that_runs_its_first_call_eagerly_keeps_later_backwards_bound() -> None:
+    """A warm-up call made only C++ autograd nodes; the package then stopped handing later
+    calls' bindings to their backward, which failed with 'outside any compiled call'."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        with side:
+            y = x * 2
+        done = torch.Event(device="cpu")
+        done.record(side)
+        done.wait(torch.Stream(device="cpu"))
+        return y.sin() * 3
+
+    def warm_up_first(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compiled = lookup_backend("userstreams_aot_eager")(gm, example_inputs)
+        calls = [0]
+
+        def run(*args: Any) -> Any:
+            calls[0] += 1
+            return gm(*args) if calls[0] == 1 else compiled(*args)
+
+        return run
+
+    compiled = torch.compile(step, backend=warm_up_first)
+    side = SimStream(device="cpu")
+    for seed in range(3):
+        x = torch.rand(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        compiled(x, side).sum().backward()
+        torch.testing.assert_close(x.grad, 6 * torch.cos(2 * x.detach()))

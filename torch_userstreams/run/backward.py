@@ -70,7 +70,7 @@ def attach(binding: Binding, out: Any, first: int, last: int) -> bool:
     """Make the backward of this call resolve user objects against ``binding``.
 
     Returns False when the call made no Python autograd node (a backend without
-    AOTAutograd): the graph's structure is fixed, so the caller stops asking.
+    AOTAutograd, or one that ran this call eagerly): its C++ nodes run no lookup.
     """
     attached = False
     for node in nodes_made(out, first, last):

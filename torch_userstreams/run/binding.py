@@ -48,7 +48,7 @@ def _no_such_index(binding: Binding, index: object) -> UserObjectError:
     return UserObjectError(
         f"torch_userstreams: graph {graph_of(binding).table.graph_name} has no user object at "
         f"index {index!r} (its table has {size} entries): {why}. Use the index that "
-        "request_stream(), request_event() or current_stream() returned in the compile being run."
+        "new_stream(), new_event() or current_stream() returned in the compile being run."
     )
 
 

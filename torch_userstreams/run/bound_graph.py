@@ -39,8 +39,8 @@ class BoundGraph:
     ) -> None:
         self.fn = fn
         self.table = table
-        # Hands the call's binding to its backward; returns False when the call made no
-        # autograd node that could hold it (then it is never called again for this graph).
+        # Hands the call's binding to its backward; asked after every call that made autograd
+        # nodes, since a backend's callable may run differently per call (eagerly at first).
         self.after_forward = after_forward
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
@@ -88,9 +88,7 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         if bound.after_forward is not None:
             last = next_sequence_nr()
             if last != first:  # the call made autograd nodes: hand the binding over
-                handed = _hand_over(bound.after_forward, binding, out, args, first, last)
-                if handed is False:
-                    bound.after_forward = None  # this graph makes no node to hold it
+                _hand_over(bound.after_forward, binding, out, args, first, last)
         if bound.returns_objects:
             calls.last = binding
         return out
@@ -129,15 +127,10 @@ def _hand_over(
     args: tuple[Any, ...],
     first: int,
     last: int,
-) -> bool | None:
+) -> None:
     """Give the call's binding to the autograd nodes it made, found from its outputs, else
     from its inputs (an input mutated in place hangs the call's backward on its own history,
-    whatever the outputs carry). False when values carried a graph but led to no node the
-    call made; None when none carried one."""
-    found = None
+    whatever the outputs carry)."""
     for values in (out if type(out) is tuple or type(out) is list else (out,), args):
-        if _carries_graph(values):
-            if after_forward(binding, values, first, last):
-                return True
-            found = False
-    return found
+        if _carries_graph(values) and after_forward(binding, values, first, last):
+            return
