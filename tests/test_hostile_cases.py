@@ -336,17 +336,60 @@ def test_a_bad_lookup_raises_the_package_error(index: Any, why: str) -> None:
         torch_userstreams.lookup(index)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
-        with gm.graph.inserting_after(placeholder):
-            gm.graph.call_function(torch_userstreams.lookup, (index,))
-        gm.recompile()
-        return gm
+        def run(*args: Any) -> Any:  # a lookup the graph does not show: checked per call
+            torch_userstreams.lookup(index)
+            return gm(*args)
+
+        return run
 
     with pytest.raises(
         UserObjectError, match=rf"graph side .* no user object at index {index!r}"
     ) as exc:
         torch.compile(side, backend=backend)(*leaves(), SimStream(device="cpu"))
     assert f"entries): {why}. Use the index that new_stream()" in str(exc.value)
+
+
+SEEN: list[Any] = []
+
+
+def seen(obj: Any) -> None:  # a graph node's target: importable by name
+    SEEN.append(obj)
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_graph_reading_an_index_its_backend_never_requested_fails_to_compile() -> None:
+    """Such a graph has an empty table and binds nothing: called inside another compiled
+    call, its lookup(0) silently returned that call's object 0."""
+    SEEN.clear()
+
+    def read_object_0(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        with gm.graph.inserting_after(placeholder):
+            found = gm.graph.call_function(torch_userstreams.lookup, (0,))
+        with gm.graph.inserting_after(found):
+            gm.graph.call_function(seen, (found,))
+        gm.recompile()
+        return gm
+
+    inner = torch.compile(lambda x: x + 1, backend=read_object_0)
+
+    def outer_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        torch_userstreams.new_event(device="cpu")
+
+        def run(*args: Any) -> Any:
+            inner(args[0])
+            return gm(*args)
+
+        return run
+
+    outer = torch.compile(lambda x: x * 2, backend=outer_backend)
+    expected = (
+        r"UserObjectError: torch_userstreams: graph \S+ \[\d+/\d+\] reads user object\(s\) 0 "
+        r"after its backend ran, but its table has 0 entries"
+    )
+    with pytest.raises(Exception, match=expected):
+        outer(torch.ones(2))
+    assert SEEN == []
 
 
 @pytest.mark.usefixtures("installed")

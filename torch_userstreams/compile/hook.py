@@ -94,6 +94,21 @@ def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
             )
 
 
+def _check_requested(used: set[int], table: UserObjectTable) -> None:
+    """Every index the graph reads once its backend ran must be in its table. An index a
+    backend wrote without requesting it here would resolve, inside another compiled call,
+    against that call's objects, since a graph with an empty table binds nothing."""
+    unknown = sorted(index for index in used if not 0 <= index < len(table))
+    if unknown:
+        raise UserObjectError(
+            f"torch_userstreams: graph {table.graph_name} reads user object(s) "
+            f"{', '.join(map(str, unknown))} after its backend ran, but its table has "
+            f"{len(table)} entries. A backend must request each object it reads while this "
+            "graph compiles: torch_userstreams.new_stream(), new_event() or current_stream() "
+            "return the index to use."
+        )
+
+
 def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, BoundGraph]:
     """Wrap the compiled function, keeping Dynamo's ``disable`` outermost.
 
@@ -115,7 +130,9 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
         state.calls.exported = table  # keeps its examples for export's re-trace
     else:
         table.release_examples()
-    prologue.mark_loaded(table, prologue.graphs_of(output_graph))
+    used = prologue.read_by(prologue.graphs_of(output_graph))
+    _check_requested(used, table)
+    prologue.mark_loaded(table, used)
     if not table.loads_any:
         return result
     _check_no_specializations(output_graph, table)

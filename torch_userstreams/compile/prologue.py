@@ -60,14 +60,16 @@ def graphs_of(output_graph: Any) -> list[Any]:
     return [output_graph.graph, *(m.graph for m in subgraph_modules(output_graph))]
 
 
-def mark_loaded(table: UserObjectTable, graphs: list[Any]) -> None:
-    """The ambient current stream Dynamo registers for every frame is loaded only if read,
-    in the graph or in a subgraph it calls."""
-    used: set[int] | None = None
+def read_by(graphs: list[Any]) -> set[int]:
+    """Every table index ``graphs`` read (``referenced_indices`` of each)."""
+    return set().union(*(referenced_indices(graph) for graph in graphs))
+
+
+def mark_loaded(table: UserObjectTable, used: set[int]) -> None:
+    """The ambient current stream Dynamo registers for every frame is loaded only if read
+    (``used``: the indices the graph and the subgraphs it calls read)."""
     for entry in table.entries:
         if entry.kind is EntryKind.CURRENT_STREAM and not entry.always_loaded:
-            if used is None:
-                used = set().union(*(referenced_indices(graph) for graph in graphs))
             entry.loaded = entry.index in used
 
 
