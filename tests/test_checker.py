@@ -514,3 +514,34 @@ def test_something_other_than_a_graph_module_is_a_type_error_naming_it(not_a_gra
         check_stream_safety(not_a_graph)  # type: ignore[arg-type]
     assert f"not {type(not_a_graph).__name__}: pass a graph" in str(exc.value)
     assert "an item of torch_userstreams.testing.capture(fn, *args).forward" in str(exc.value)
+
+
+def _race_in(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        y = x * 2  # made on the side stream
+    return y.clone()  # read on the current stream with no wait
+
+
+def _all_on(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        return (x * 2).clone()
+
+
+@pytest.mark.parametrize(("branch", "hazards"), [(_race_in, 2), (_all_on, 0)])
+def test_a_cond_branch_is_checked_like_the_graph_around_it(
+    branch: Callable[[torch.Tensor, torch.Stream], torch.Tensor], hazards: int
+) -> None:
+    """The cond node was read as one kernel: a race inside a branch went unreported."""
+    side = torch.Stream(device="cpu")
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        taken = torch.cond(x.sum() > 0, lambda x: branch(x, side), lambda x: x * 3, (x,))
+        return taken + 1
+
+    result = check_stream_safety(capture(program, torch.ones(3)).forward[0])
+    assert len(result.findings) == hazards, result
+    details = [finding.detail for finding in result.findings]
+    if hazards:
+        assert details[0].startswith("subgraph true_graph_0: clone on the current stream reads mul")
+        assert details[1].startswith("subgraph true_graph_0: mul was allocated on stream 0")
+        assert [f.kind.value for f in result.findings] == ["read-after-write", "memory-reuse"]

@@ -10,15 +10,20 @@ the checker read it from ``gm.meta[CURRENT_STREAMS_META]`` (``capture`` sets it 
 graph's table); without either, unannotated nodes form their own stream. Likewise the
 device of each stream, ``gm.meta[STREAM_DEVICES_META]`` ({index: device}): a node on CPU
 tensors under an accelerator's stream runs on the host, in the CPU's program order.
+
+Subgraphs a higher-order op calls (``torch.cond`` branches) are checked too, each on its
+own, and their findings say which subgraph: a branch's inputs count as ready when it
+starts, and what crosses the branch's boundary is judged at the node that calls it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch.fx
 
+from ..fx.control_deps import is_control_deps
 from .graph_view import GraphView, StreamKey, Sync, read_graph
 from .happens_before import HappensBefore
 from .hazards import Finding, StreamName, data_races, memory_reuse
@@ -78,12 +83,52 @@ def check_stream_safety(
         )
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
-    view: GraphView = read_graph(gm, current_streams, gm.meta.get(STREAM_DEVICES_META, {}))
+    devices = gm.meta.get(STREAM_DEVICES_META, {})
+    result = SafetyResult()
+    for where, graph in _graph_and_subgraphs(gm):
+        _check_one(graph, current_streams, devices, where, result)
+    return result
+
+
+def _graph_and_subgraphs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
+    """``gm`` and every graph it calls through a higher-order op (a ``torch.cond`` branch,
+    a body Dynamo did not inline), each checked on its own: a branch's inputs count as
+    ready when it starts, and what crosses its boundary is judged at the calling node."""
+    found = [("", gm)]
+    for where, graph in found:
+        for node in graph.graph.nodes:
+            if node.op != "call_function" or is_control_deps(node):
+                continue  # a control_deps subgraph is its sync, read in place
+            for arg in node.args:
+                called = _called_graph(graph, arg)
+                if called is not None and all(called is not g for _, g in found):
+                    found.append((f"{where}subgraph {arg.target}: ", called))
+    return found
+
+
+def _called_graph(gm: torch.fx.GraphModule, arg: object) -> torch.fx.GraphModule | None:
+    """The graph module a ``get_attr`` argument names, if it names one."""
+    if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+        return None
+    target: object = gm
+    for part in str(arg.target).split("."):
+        target = getattr(target, part, None)
+    return target if isinstance(target, torch.fx.GraphModule) else None
+
+
+def _check_one(
+    gm: torch.fx.GraphModule,
+    current_streams: Mapping[str, int],
+    devices: Mapping[int, str],
+    where: str,
+    result: SafetyResult,
+) -> None:
+    view: GraphView = read_graph(gm, current_streams, devices)
     hb = HappensBefore(view.steps)
     name = _stream_namer(current_streams)
-    findings = [*data_races(view, hb, name), *memory_reuse(view, hb, name)]
-    syncs = [_describe_sync(step) for step in view.steps if isinstance(step, Sync)]
-    return SafetyResult(findings, syncs)
+    for finding in (*data_races(view, hb, name), *memory_reuse(view, hb, name)):
+        result.findings.append(replace(finding, detail=where + finding.detail))
+    result.syncs += [where + _describe_sync(step) for step in view.steps if isinstance(step, Sync)]
 
 
 def assert_stream_safe(
