@@ -352,6 +352,30 @@ def test_waiting_on_an_event_recorded_before_the_producer_orders_nothing() -> No
     assert only(g.check(a, b), HazardKind.RAW) == ("mul", 1, "sin", 2)
 
 
+@pytest.mark.parametrize("spelling", ["positional", "keywords", "mixed"])
+def test_syncs_written_with_keyword_arguments_order_the_same(spelling: str) -> None:
+    """A backend may spell a sync with keywords; the checker read only positional ones
+    (IndexError) and the prologue missed the indices they name."""
+    from torch_userstreams.compile.prologue import referenced_indices
+
+    g = Builder()
+    a = g.op(aten.mul.Tensor, g.x, g.x, stream=1)
+    for op, stream in ((streams_ops.record_event.default, 1), (streams_ops.wait_event.default, 2)):
+        if spelling == "positional":
+            g.sync(op, 0, stream)
+        elif spelling == "keywords":
+            g.graph.call_function(op, (), {"stream_index": stream, "event_index": 0})
+        else:
+            g.graph.call_function(op, (0,), {"stream_index": stream})
+    b = g.op(aten.sin.default, a, stream=2)
+    result = g.check(a, b)
+    assert result and result.syncs == [
+        "record_event_default: record_event(0, 1)",
+        "wait_event_default: wait_event(0, 2)",
+    ]
+    assert referenced_indices(g.graph) == {0, 1, 2}
+
+
 def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
     """``None`` and the current stream's index are one stream when the index is known."""
     g = Builder()

@@ -28,7 +28,7 @@ THREAD_GLOBAL = "__userstreams_thread"
 
 
 def _int_args(node: Any) -> list[int]:
-    return [a for a in node.args if type(a) is int]
+    return [a for a in (*node.args, *node.kwargs.values()) if type(a) is int]
 
 
 def referenced_indices(graph: Any) -> set[int]:

@@ -30,6 +30,21 @@ def is_sync_op(target: Any) -> bool:
     return namespace in _NAMESPACES
 
 
+def sync_args(node: torch.fx.Node) -> tuple[Any, ...]:
+    """A sync node's arguments in schema order, those given by keyword included (a backend
+    may write ``record_event(event_index=..., stream_index=...)``)."""
+    if not node.kwargs:
+        return tuple(node.args)
+    target = node.target
+    schema = getattr(target, "_schema", None) or getattr(
+        getattr(target, "default", None), "_schema", None
+    )
+    if schema is None:
+        return (*node.args, *node.kwargs.values())
+    names = [argument.name for argument in schema.arguments[len(node.args) :]]
+    return (*node.args, *(node.kwargs[name] for name in names if name in node.kwargs))
+
+
 def op_name(target: Any) -> str:
     """``record_event`` for ``torch.ops.streams.record_event`` (the overload or its packet)."""
     name = getattr(target, "_opname", None) or getattr(target, "_qualified_op_name", None)

@@ -40,7 +40,7 @@ import torch.fx
 
 from ..fx.control_deps import is_control_deps, sync_of
 from ..fx.meta import device_of, is_tangent, stream_of
-from ..fx.ops import is_sync_op, op_name
+from ..fx.ops import is_sync_op, op_name, sync_args
 
 StreamKey = int | str | None
 """A table index; ``None`` for the current stream when its index is unknown."""
@@ -223,7 +223,7 @@ class _Reader:
         if is_control_deps(node):
             return self._control_deps(node)
         if is_sync_op(target):
-            self._sync(node, target, self.value(node.args))
+            self._sync(node, target, self.value(sync_args(node)))
             return None
         if isinstance(target, torch._ops.OpOverload):
             return self._op(node, target)
