@@ -90,6 +90,27 @@ def test_compile_time_api_outside_a_compile_raises() -> None:
             call()
 
 
+def test_a_request_from_a_lazily_compiled_backward_says_where_to_make_it() -> None:
+    from torch._dynamo.backends.common import aot_autograd
+
+    def backward_compiler(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        torch_userstreams.new_event(device="cpu", phase="backward")
+        return gm
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=backward_compiler)
+    compiled = torch.compile(lambda x: (x * 2).sin(), backend=backend)
+    out = compiled(torch.ones(3, requires_grad=True)).sum()
+    with pytest.raises(NotCompilingError, match="outside a compile") as exc:
+        out.backward()
+    message = str(exc.value)
+    assert "It was called while a backward runs" in message
+    assert "phase='backward' while the forward compiles" in message
+    assert "force_non_lazy_backward_lowering = True" in message
+    with pytest.raises(NotCompilingError) as exc:
+        torch_userstreams.new_event(device="cpu")
+    assert "backward" not in str(exc.value)  # no hint outside a backward
+
+
 def test_lookup_outside_a_call_raises() -> None:
     torch_userstreams.uninstall()
     with pytest.raises(torch_userstreams.UserObjectError, match="outside any compiled call"):

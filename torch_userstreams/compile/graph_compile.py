@@ -249,6 +249,21 @@ def active(api_name: str) -> GraphCompile:
         f"torch_userstreams.{api_name}() was called outside a compile. It requests an "
         "object for the graph being compiled, so call it from a backend (or a pass it runs) "
         "while torch.compile is compiling, with torch_userstreams installed."
+        + _lazy_backward_hint()
+    )
+
+
+def _lazy_backward_hint() -> str:
+    """A sentence for a request made while a backward runs: AOTAutograd compiles the
+    backward graph there, lazily, after Dynamo's compile of the frame has ended."""
+    if torch._C._current_autograd_node() is None:
+        return ""
+    return (
+        " It was called while a backward runs, which is where AOTAutograd compiles a "
+        "backward graph (lazily, after the frame's compile ended): request the backward's "
+        "objects with phase='backward' while the forward compiles (in the backend or its "
+        "fw_compiler), or set torch._functorch.config.force_non_lazy_backward_lowering = "
+        "True so that the backward compiles with the forward."
     )
 
 
