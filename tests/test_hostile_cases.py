@@ -488,3 +488,43 @@ def test_a_backend_that_runs_its_first_call_eagerly_keeps_later_backwards_bound(
         x = torch.rand(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
         compiled(x, side).sum().backward()
         torch.testing.assert_close(x.grad, 6 * torch.cos(2 * x.detach()))
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize(
+    ("mistake", "expected"),
+    [
+        (
+            "swapped sync",
+            "the sync record_event takes an event as argument 0, but user object 1 is a SimStream",
+        ),
+        ("event annotation", "a node runs on user object 0 (a SimEvent), which is not a stream"),
+    ],
+)
+def test_a_backend_naming_the_wrong_kind_of_object_gets_the_package_error(
+    mistake: str, expected: str
+) -> None:
+    """It failed inside torch or the executor: AttributeError 'SimStream' object has no
+    attribute 'record', or TypeError: 'SimEvent' does not support the context manager
+    protocol."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        event = torch_userstreams.new_event(device="cpu")
+        stream = torch_userstreams.new_stream(device="cpu")
+        if mistake == "swapped sync":
+            placeholder = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+            with gm.graph.inserting_after(placeholder):
+                gm.graph.call_function(torch.ops.streams.record_event.default, (stream, event))
+        else:
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    node.meta.setdefault("custom", {})["stream"] = event
+        gm.recompile()
+        return lookup_backend("userstreams_aot_eager")(gm, example_inputs)
+
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(UserObjectError, match=r"in graph <lambda> \[0/0\], ") as exc:
+        torch.compile(lambda x: (x + 1).sin(), backend=backend)(x).sum().backward()
+    assert expected in str(exc.value)
+    assert "event indices from new_event()" in str(exc.value)

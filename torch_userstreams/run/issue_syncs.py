@@ -13,9 +13,12 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedPathError
+from ..errors import UnsupportedPathError, UserObjectError
 from ..fx.ops import op_name
+from .backward import backward_binding
+from .binding import graph_of
 from .lookup import lookup
+from .state import state
 
 
 def _record_event(event: int, stream: int) -> None:
@@ -67,6 +70,50 @@ ISSUERS: dict[str, Callable[..., None]] = {
     "synchronize_device": _synchronize_device,
     "record_stream": _record_stream,
 }
+
+
+# What each issuer's positional arguments must name: an event, a stream, or anything.
+_KINDS: dict[Callable[..., None], tuple[type | None, ...]] = {
+    _record_event: (torch.Event, torch.Stream),
+    _wait_event: (torch.Event, torch.Stream),
+    _wait_stream: (torch.Stream, torch.Stream),
+    _sync_dealloc: (torch.Event, torch.Stream, None),
+    _synchronize_event: (torch.Event,),
+    _synchronize_stream: (torch.Stream,),
+    _record_stream: (None, torch.Stream),
+}
+
+
+def misuse(call: Callable[..., Any], args: tuple[Any, ...], stream: int | None) -> str | None:
+    """Why a step failed, if it named a user object of the wrong kind: a stream annotation
+    on an event, or a sync given a stream where it takes an event (or the reverse). Only
+    asked after a step raised, so the per-call path pays nothing for it."""
+    if stream is not None and not isinstance(lookup(stream), torch.Stream):
+        return f"a node runs on user object {stream} ({_kind(stream)}), which is not a stream"
+    for position, (arg, kind) in enumerate(zip(args, _KINDS.get(call, ()), strict=False)):
+        if kind is not None and type(arg) is int and not isinstance(lookup(arg), kind):
+            name = next(name for name, issue in ISSUERS.items() if issue is call)
+            wanted = "an event" if kind is torch.Event else "a stream"
+            return (
+                f"the sync {name} takes {wanted} as argument {position}, but user object "
+                f"{arg} is {_kind(arg)}"
+            )
+    return None
+
+
+def _kind(index: int) -> str:
+    return f"a {type(lookup(index)).__name__}"
+
+
+def misuse_error(problem: str) -> UserObjectError:
+    """``problem`` (from ``misuse``) as the error, naming the graph whose call raised it."""
+    binding = state.calls.current or backward_binding()
+    graph = "?" if binding is None else graph_of(binding).table.graph_name
+    return UserObjectError(
+        f"torch_userstreams: in graph {graph}, {problem}. A backend that writes stream "
+        "annotations or sync ops must give stream indices from new_stream() or "
+        "current_stream() and event indices from new_event()."
+    )
 
 
 def issuer(target: Any) -> Callable[..., None]:

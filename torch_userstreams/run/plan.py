@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .issue_syncs import misuse, misuse_error
 from .lookup import lookup
 
 
@@ -75,21 +76,28 @@ class Program:
         values: list[Any] = [None] * self.size
         for slot, value in zip(self.inputs, inputs, strict=True):
             values[slot] = value
-        for step in self.steps:
-            args = load(step.args, values)
-            kwargs = load(step.kwargs, values) if step.kwargs else {}
-            if step.stream is None:
-                result = step.call(*args, **kwargs)
-            else:
-                with lookup(step.stream):
+        step = None
+        try:
+            for step in self.steps:
+                args = load(step.args, values)
+                kwargs = load(step.kwargs, values) if step.kwargs else {}
+                if step.stream is None:
                     result = step.call(*args, **kwargs)
-            if step.output is not None:
-                values[step.output] = result
-            elif step.outputs:
-                for slot, value in zip(step.outputs, result, strict=True):
-                    values[slot] = value
-            for slot in step.frees:
-                values[slot] = None
+                else:
+                    with lookup(step.stream):
+                        result = step.call(*args, **kwargs)
+                if step.output is not None:
+                    values[step.output] = result
+                elif step.outputs:
+                    for slot, value in zip(step.outputs, result, strict=True):
+                        values[slot] = value
+                for slot in step.frees:
+                    values[slot] = None
+        except (AttributeError, TypeError) as exc:
+            problem = None if step is None else misuse(step.call, step.args, step.stream)
+            if problem is None:
+                raise
+            raise misuse_error(problem) from exc
         return load(self.output, values)
 
     def boxed(self) -> Callable[[list[Any]], Any]:
