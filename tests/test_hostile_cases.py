@@ -528,3 +528,23 @@ def test_a_backend_naming_the_wrong_kind_of_object_gets_the_package_error(
         torch.compile(lambda x: (x + 1).sin(), backend=backend)(x).sum().backward()
     assert expected in str(exc.value)
     assert "event indices from new_event()" in str(exc.value)
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend_name", ["userstreams_aot_eager", "userstreams"])
+def test_a_stream_annotation_that_is_not_an_index_is_refused(backend_name: str) -> None:
+    """``"0"`` was read as no annotation: the node silently ran on the current stream."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        stream = torch_userstreams.new_stream(device="cpu")
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                node.meta.setdefault("custom", {})["stream"] = str(stream)
+        gm.recompile()
+        return lookup_backend(backend_name)(gm, example_inputs)
+
+    x = torch.ones(2, requires_grad=True)
+    expected = r"node add \(.*\) is annotated to run on stream '0' \(str\), which is not a table"
+    with pytest.raises(Exception, match=expected):
+        torch.compile(lambda x: (x + 1).sin(), backend=backend)(x).sum().backward()

@@ -34,8 +34,22 @@ def stream_of(node: torch.fx.Node) -> int | None:
     custom = node.meta.get(CUSTOM)
     if isinstance(custom, dict):
         index = custom.get(STREAM)
-        return index if isinstance(index, int) else None
+        if index is None or type(index) is int:
+            return index
+        raise _not_an_index(node, index)
     return None
+
+
+def _not_an_index(node: torch.fx.Node, index: object) -> Exception:
+    """A stream annotation that is not a table index (a backend wrote ``"1"`` or a tensor):
+    read as the current stream, the node would silently run on the wrong stream."""
+    from ..errors import UserObjectError
+
+    return UserObjectError(
+        f"torch_userstreams: node {node.name} ({node.format_node()}) is annotated to run on "
+        f"stream {index!r} ({type(index).__name__}), which is not a table index: annotate "
+        "it with the int that new_stream() or current_stream() returned."
+    )
 
 
 def drop_leaked_stream_annotation() -> object | None:
