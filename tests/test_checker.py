@@ -386,7 +386,10 @@ def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
     g.graph.output((a, b))
     gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
     assert check_stream_safety(gm, current_streams={"cpu": 5})
+    assert check_stream_safety(gm, current_streams={torch.device("cpu"): 5})
     assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", None, "sin", 1)
+    with pytest.raises(TypeError, match="5 is not a device"):
+        check_stream_safety(gm, current_streams={5: 5})  # type: ignore[dict-item]
 
 
 def test_cpu_tensor_work_under_an_accelerator_stream_runs_in_host_order() -> None:

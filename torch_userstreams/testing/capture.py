@@ -146,7 +146,11 @@ def _run_backward(out: Any) -> None:
 def capture(
     fn: Callable[..., Any], *args: Any, backend: str = "userstreams_aot_eager", **kwargs: Any
 ) -> Capture:
-    """Compile and run ``fn(*args, **kwargs)`` once through the package; keep its graphs."""
+    """Compile and run ``fn(*args, **kwargs)`` once through the package; keep its graphs.
+
+    It calls ``torch._dynamo.reset()`` first, for the whole process, so that ``fn`` compiles
+    even if it was compiled before (``explain()`` compiles a copy and leaves others alone).
+    """
     makers = {"userstreams_aot_eager": _aot_eager_backend, "userstreams": _inductor_backend}
     if backend not in makers:
         raise ValueError(

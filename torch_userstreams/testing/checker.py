@@ -83,11 +83,23 @@ def check_stream_safety(
         )
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
+    # Keys are devices as str() writes them ("cpu", "cuda:0"); a torch.device key was
+    # silently never matched.
+    current_streams = {_device_key(device): index for device, index in current_streams.items()}
     devices = gm.meta.get(STREAM_DEVICES_META, {})
     result = SafetyResult()
     for where, graph in _graph_and_subgraphs(gm):
         _check_one(graph, current_streams, devices, where, result)
     return result
+
+
+def _device_key(device: object) -> str:
+    if isinstance(device, (torch.device, str)):
+        return str(device)
+    raise TypeError(
+        "check_stream_safety: current_streams maps a device ('cuda:0', or a torch.device) "
+        f"to the current stream's table index; {device!r} is not a device"
+    )
 
 
 def _graph_and_subgraphs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:

@@ -15,7 +15,7 @@ happens-before rules as the checker (``StreamClocks``), and:
   fails in Dynamo);
 * an in-place update only hits an intermediate autograd has not saved (else eager's
   backward would raise) and that was made after the last graph break (before it, the value
-  is an input of the next graph, and AOTAutograd rejects input mutations with streams);
+  is an input of the next graph: input mutations have their own test, in test_pass_graphs);
 * before returning, a stream that allocated a value another stream used waits for that
   use (the value dies at the return, and its memory goes back to the allocating stream);
 * extra syncs with no purpose are sprinkled in.
