@@ -376,6 +376,53 @@ def test_syncs_written_with_keyword_arguments_order_the_same(spelling: str) -> N
     assert referenced_indices(g.graph) == {0, 1, 2}
 
 
+def test_a_device_sync_names_a_device_not_a_table_entry() -> None:
+    """``synchronize_device('cuda', 0)``'s 0 was read as table index 0: the graph's
+    compile was refused, and a current-stream entry 0 was loaded for nothing."""
+    from torch_userstreams.compile.prologue import referenced_indices
+
+    g = Builder()
+    g.sync(streams_ops.synchronize_device.default, "cuda", 3)
+    g.graph.call_function(
+        streams_ops.synchronize_device.default, (), {"device_type": "cuda", "device_index": 1}
+    )
+    g.sync(streams_ops.wait_stream.default, 4, 5)
+    assert referenced_indices(g.graph) == {4, 5}
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_executor_runs_syncs_written_with_keywords() -> None:
+    """The executors read only a sync's positional arguments: TypeError, missing 3."""
+    from torch_userstreams.backends import aot_with_executor
+    from torch_userstreams.backends.executor import compile_with_streams
+    from torch_userstreams.fx.ops import is_sync_op
+
+    rewritten = []
+
+    def keywords_forward(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and is_sync_op(node.target) and node.args:
+                names = [argument.name for argument in node.target._schema.arguments]
+                node.kwargs = dict(zip(names, node.args, strict=False))
+                node.args = ()
+                rewritten.append(node.name)
+        gm.recompile()
+        return compile_with_streams(gm, example_inputs)
+
+    def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        with side:
+            y = x * 2
+        done = torch.Event(device="cpu")
+        done.record(side)
+        done.wait(torch.Stream(device="cpu"))
+        return y.sin()
+
+    backend = aot_with_executor(keywords_forward, compile_with_streams)
+    out = torch.compile(step, backend=backend)(torch.ones(2), SimStream(device="cpu"))
+    torch.testing.assert_close(out, torch.full((2,), 2.0).sin())
+    assert any(name.startswith("sync_dealloc") for name in rewritten), rewritten
+
+
 def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
     """``None`` and the current stream's index are one stream when the index is known."""
     g = Builder()
@@ -390,6 +437,25 @@ def test_unannotated_nodes_run_on_the_named_current_stream() -> None:
     assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", None, "sin", 1)
     with pytest.raises(TypeError, match="5 is not a device"):
         check_stream_safety(gm, current_streams={5: 5})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("key", ["cuda:0", torch.device("cuda:0"), "cuda", torch.device("cuda")])
+def test_a_current_stream_keyed_with_or_without_a_device_index_is_found(key: object) -> None:
+    """A key without an index ('cuda') named no device: its nodes became their own stream."""
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        value = torch.empty(3, device="cuda")
+    g = Builder()
+    g.x.meta["val"] = value
+    a = g.op(aten.mul.Tensor, g.x, g.x)
+    a.meta["val"] = value
+    b = g.op(aten.sin.default, a, stream=1)
+    b.meta["val"] = value
+    g.graph.output((a, b))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g.graph)
+    assert check_stream_safety(gm, current_streams={key: 1})  # type: ignore[dict-item]
+    assert only(check_stream_safety(gm), HazardKind.RAW) == ("mul", None, "sin", 1)
 
 
 def test_cpu_tensor_work_under_an_accelerator_stream_runs_in_host_order() -> None:

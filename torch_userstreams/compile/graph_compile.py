@@ -259,11 +259,12 @@ def _lazy_backward_hint() -> str:
     if torch._C._current_autograd_node() is None:
         return ""
     return (
-        " It was called while a backward runs, which is where AOTAutograd compiles a "
-        "backward graph (lazily, after the frame's compile ended): request the backward's "
-        "objects with phase='backward' while the forward compiles (in the backend or its "
-        "fw_compiler), or set torch._functorch.config.force_non_lazy_backward_lowering = "
-        "True so that the backward compiles with the forward."
+        " It was called while a backward runs. If that is an AOTAutograd bw_compiler, it "
+        "compiles the backward lazily, after the frame's compile ended: request the "
+        "backward's objects with phase='backward' while the forward compiles (in the "
+        "backend or its fw_compiler), or set "
+        "torch._functorch.config.force_non_lazy_backward_lowering = True so that the "
+        "backward compiles with the forward."
     )
 
 

@@ -95,9 +95,11 @@ def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
 
 
 def _check_requested(used: set[int], table: UserObjectTable) -> None:
-    """Every index the graph reads once its backend ran must be in its table. An index a
-    backend wrote without requesting it here would resolve, inside another compiled call,
-    against that call's objects, since a graph with an empty table binds nothing."""
+    """Every index the frame's graph (and its subgraphs) reads once the backend ran must be
+    in its table. An index a backend wrote without requesting it here would resolve, inside
+    another compiled call, against that call's objects, since a graph with an empty table
+    binds nothing. Graphs the backend makes itself (AOTAutograd's forward and backward) are
+    not seen here; their lookups are checked per call against the table's size only."""
     unknown = sorted(index for index in used if not 0 <= index < len(table))
     if unknown:
         raise UserObjectError(

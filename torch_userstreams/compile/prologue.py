@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from ..fx.meta import stream_of
-from ..fx.ops import is_lookup, is_sync_op
+from ..fx.ops import is_lookup, is_sync_op, table_indices
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
 from . import emitters
@@ -38,8 +38,10 @@ def referenced_indices(graph: Any) -> set[int]:
         stream = stream_of(node)
         if stream is not None:
             used.add(stream)
-        if node.op == "call_function" and (is_lookup(node.target) or is_sync_op(node.target)):
+        if node.op == "call_function" and is_lookup(node.target):
             used.update(_int_args(node))
+        elif node.op == "call_function" and is_sync_op(node.target):
+            used.update(table_indices(node))
     return used
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.fx
 
-from .ops import is_sync_op
+from .ops import is_sync_op, sync_args
 
 CONTROL_DEPS = "control_deps"
 
@@ -57,7 +57,7 @@ def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
     if node.op != "call_function":
         return None
     if is_sync_op(node.target):
-        return SyncCall(node, node.target, tuple(node.args))
+        return SyncCall(node, node.target, sync_args(node))
     if not is_control_deps(node):
         return None
     subgraph = getattr(gm, str(node.args[1].target))  # type: ignore[union-attr]
@@ -67,5 +67,5 @@ def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
         if sub.op == "placeholder":
             inner[sub] = next(operands, None)
         elif sub.op == "call_function" and is_sync_op(sub.target):
-            return SyncCall(node, sub.target, tuple(torch.fx.map_arg(sub.args, inner.get)))
+            return SyncCall(node, sub.target, tuple(torch.fx.map_arg(sync_args(sub), inner.get)))
     raise ValueError(f"control_deps node {node.name} wraps no sync op")

@@ -30,19 +30,37 @@ def is_sync_op(target: Any) -> bool:
     return namespace in _NAMESPACES
 
 
+def _schema(target: Any) -> Any:
+    """The schema of an overload, or of a packet's default overload; None without one."""
+    return getattr(target, "_schema", None) or getattr(
+        getattr(target, "default", None), "_schema", None
+    )
+
+
 def sync_args(node: torch.fx.Node) -> tuple[Any, ...]:
     """A sync node's arguments in schema order, those given by keyword included (a backend
     may write ``record_event(event_index=..., stream_index=...)``)."""
     if not node.kwargs:
         return tuple(node.args)
-    target = node.target
-    schema = getattr(target, "_schema", None) or getattr(
-        getattr(target, "default", None), "_schema", None
-    )
+    schema = _schema(node.target)
     if schema is None:
         return (*node.args, *node.kwargs.values())
     names = [argument.name for argument in schema.arguments[len(node.args) :]]
     return (*node.args, *(node.kwargs[name] for name in names if name in node.kwargs))
+
+
+def table_indices(node: torch.fx.Node) -> list[int]:
+    """The user-object table indices a sync node names: its ``*_index`` arguments, but not
+    ``synchronize_device``'s ``device_index``, which names a device."""
+    args = sync_args(node)
+    schema = _schema(node.target)
+    if schema is None:
+        return [arg for arg in args if type(arg) is int]
+    return [
+        arg
+        for arg, argument in zip(args, schema.arguments, strict=False)
+        if type(arg) is int and argument.name.endswith("_index") and argument.name != "device_index"
+    ]
 
 
 def op_name(target: Any) -> str:

@@ -161,7 +161,12 @@ class _Reader:
         device = device_of(node)
         if index is not None and not (device.type == "cpu" and self._accelerator(index)):
             return index
-        return self.current_streams.get(str(device), None)
+        return self._current_stream(device)
+
+    def _current_stream(self, device: torch.device) -> StreamKey:
+        """The current stream of ``device``: keyed as ``cuda:0``, or by its type alone."""
+        found = self.current_streams.get(str(device))
+        return self.current_streams.get(device.type) if found is None else found
 
     def _accelerator(self, index: int) -> bool:
         return not self.stream_devices.get(index, "cpu").startswith("cpu")
@@ -205,7 +210,7 @@ class _Reader:
         value's device: it writes an incoming gradient before the graph starts, and reads
         each returned value after it ends."""
         self.backward = True
-        stream = self.current_streams.get(str(device_of(node)), None)
+        stream = self._current_stream(device_of(node))
         kernel = Kernel(at or node, self.position, stream, [Access(buffer, write=write)])
         self.steps.append(kernel)
 
