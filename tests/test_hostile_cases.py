@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from helpers import forget_bindings
+from helpers import forget_bindings, last_binding
 
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
@@ -548,3 +548,25 @@ def test_a_stream_annotation_that_is_not_an_index_is_refused(backend_name: str) 
     expected = r"node add \(.*\) is annotated to run on stream '0' \(str\), which is not a table"
     with pytest.raises(Exception, match=expected):
         torch.compile(lambda x: (x + 1).sin(), backend=backend)(x).sum().backward()
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_graph_that_never_makes_a_python_node_stops_walking_after_a_few_calls() -> None:
+    """The hand-over walks every autograd node a call made (about 1 us each): a backend that
+    always runs the graph eagerly pays it only until the limit, then never again."""
+    from torch_userstreams.run.bound_graph import CALLS_WITHOUT_A_PYTHON_NODE
+
+    def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        with side:
+            return (x * 2).sin()
+
+    compiled = torch.compile(step, backend="eager")
+    side = SimStream(device="cpu")
+    x = torch.ones(3, requires_grad=True)
+    for _ in range(CALLS_WITHOUT_A_PYTHON_NODE - 1):
+        compiled(x, side).sum().backward()
+    bound = last_binding()[0]
+    assert bound.after_forward is not None and bound.misses == CALLS_WITHOUT_A_PYTHON_NODE - 1
+    compiled(x, side).sum().backward()
+    assert bound.after_forward is None
+    torch.testing.assert_close(x.grad, CALLS_WITHOUT_A_PYTHON_NODE * 2 * torch.cos(2 * x.detach()))

@@ -24,6 +24,11 @@ from .state import never_trace, state
 # from (its outputs, else its inputs) and the sequence numbers of those nodes ([first, last)).
 AfterForward = Callable[[Binding, Any, int, int], bool]
 
+# Calls in a row whose autograd nodes are all C++ ones (a backend that runs the graph
+# eagerly) before a graph stops handing its bindings over: the walk costs about 1 us per
+# node made. A backend that warms up eagerly for fewer calls keeps every later backward bound.
+CALLS_WITHOUT_A_PYTHON_NODE = 32
+
 
 class BoundGraph:
     """Wraps a compiled graph that has user objects: runs each call with its binding.
@@ -32,16 +37,26 @@ class BoundGraph:
     which takes the binding the prologue left in this thread's ``pending`` slot.
     """
 
-    __slots__ = ("__weakref__", "after_forward", "fn", "returns_objects", "run", "table")
+    __slots__ = (
+        "__weakref__",
+        "after_forward",
+        "fn",
+        "misses",
+        "returns_objects",
+        "run",
+        "table",
+    )
 
     def __init__(
         self, fn: Callable[..., Any], table: Any, after_forward: AfterForward | None = None
     ) -> None:
         self.fn = fn
         self.table = table
-        # Hands the call's binding to its backward; asked after every call that made autograd
-        # nodes, since a backend's callable may run differently per call (eagerly at first).
+        # Hands the call's binding to its backward; asked after each call that made autograd
+        # nodes, until CALLS_WITHOUT_A_PYTHON_NODE calls in a row made none it could hold
+        # (``misses``): a backend's callable may run eagerly for its first calls.
         self.after_forward = after_forward
+        self.misses = 0
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
         self.returns_objects = False
@@ -85,10 +100,11 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
             raise error from exc
         finally:
             calls.current = outer
-        if bound.after_forward is not None:
+        after_forward = bound.after_forward
+        if after_forward is not None:
             last = next_sequence_nr()
             if last != first:  # the call made autograd nodes: hand the binding over
-                _hand_over(bound.after_forward, binding, out, args, first, last)
+                _hand_over_counting(bound, after_forward, binding, out, args, first, last)
         if bound.returns_objects:
             calls.last = binding
         return out
@@ -120,7 +136,8 @@ def _carries_graph(values: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in values)
 
 
-def _hand_over(
+def _hand_over_counting(
+    bound: BoundGraph,
     after_forward: AfterForward,
     binding: Binding,
     out: Any,
@@ -128,9 +145,32 @@ def _hand_over(
     first: int,
     last: int,
 ) -> None:
+    """``_hand_over``, counting the calls in a row that made no node to hold the binding."""
+    handed = _hand_over(after_forward, binding, out, args, first, last)
+    if handed:
+        bound.misses = 0
+    elif handed is False:
+        bound.misses += 1
+        if bound.misses >= CALLS_WITHOUT_A_PYTHON_NODE:
+            bound.after_forward = None  # this graph makes no node to hold it
+
+
+def _hand_over(
+    after_forward: AfterForward,
+    binding: Binding,
+    out: Any,
+    args: tuple[Any, ...],
+    first: int,
+    last: int,
+) -> bool | None:
     """Give the call's binding to the autograd nodes it made, found from its outputs, else
     from its inputs (an input mutated in place hangs the call's backward on its own history,
-    whatever the outputs carry)."""
+    whatever the outputs carry). False when values carried a graph but led to no Python
+    node the call made; None when none carried one."""
+    found = None
     for values in (out if type(out) is tuple or type(out) is list else (out,), args):
-        if _carries_graph(values) and after_forward(binding, values, first, last):
-            return
+        if _carries_graph(values):
+            if after_forward(binding, values, first, last):
+                return True
+            found = False
+    return found
