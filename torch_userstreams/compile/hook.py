@@ -101,14 +101,21 @@ def _check_requested(used: set[int], table: UserObjectTable) -> None:
     binds nothing. Graphs the backend makes itself (AOTAutograd's forward and backward) are
     not seen here; their lookups are checked per call against the table's size only."""
     unknown = sorted(index for index in used if not 0 <= index < len(table))
-    if unknown:
-        raise UserObjectError(
-            f"torch_userstreams: graph {table.graph_name} reads user object(s) "
-            f"{', '.join(map(str, unknown))} after its backend ran, but its table has "
-            f"{len(table)} entries. A backend must request each object it reads while this "
-            "graph compiles: torch_userstreams.new_stream(), new_event() or current_stream() "
-            "return the index to use."
-        )
+    if not unknown:
+        return
+    prefix = (
+        f"torch_userstreams: graph {table.graph_name} reads user object(s) "
+        f"{', '.join(map(str, unknown))} after its backend ran, but its table has "
+        f"{len(table)} entries."
+    )
+    hint = compiled_autograd_hint()  # its retraced backward names the forward's entries
+    if hint:
+        raise UserObjectError(prefix + hint)
+    raise UserObjectError(
+        f"{prefix} A backend must request each object it reads while this graph compiles: "
+        "torch_userstreams.new_stream(), new_event() or current_stream() return the index "
+        "to use."
+    )
 
 
 def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, BoundGraph]:
