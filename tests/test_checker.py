@@ -381,6 +381,8 @@ def test_a_device_sync_names_a_device_not_a_table_entry() -> None:
     compile was refused, and a current-stream entry 0 was loaded for nothing."""
     from torch_userstreams.compile.prologue import referenced_indices
 
+    if not hasattr(streams_ops, "synchronize_device"):
+        pytest.skip("this torch has no streams::synchronize_device op")
     g = Builder()
     g.sync(streams_ops.synchronize_device.default, "cuda", 3)
     g.graph.call_function(
