@@ -9,6 +9,17 @@ from typing import Any
 import torch
 
 
+def doubled_on_a_side_stream(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    """``sin(2x)``, with ``2x`` made on ``side`` and joined to a fresh stream by an event:
+    the program of the tests whose backends rewrite or replay a graph's syncs."""
+    with side:
+        y = x * 2
+    done = torch.Event(device="cpu")
+    done.record(side)
+    done.wait(torch.Stream(device="cpu"))
+    return y.sin()
+
+
 def two_stream_step(
     x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream
 ) -> torch.Tensor:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch._functorch._aot_autograd.streams
 import torch.fx
+from helpers import doubled_on_a_side_stream
 
 from torch_userstreams.fx.meta import set_stream, stream_of
 from torch_userstreams.simulator import SimStream
@@ -411,16 +412,10 @@ def test_the_executor_runs_syncs_written_with_keywords() -> None:
         gm.recompile()
         return compile_with_streams(gm, example_inputs)
 
-    def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
-        with side:
-            y = x * 2
-        done = torch.Event(device="cpu")
-        done.record(side)
-        done.wait(torch.Stream(device="cpu"))
-        return y.sin()
-
     backend = aot_with_executor(keywords_forward, compile_with_streams)
-    out = torch.compile(step, backend=backend)(torch.ones(2), SimStream(device="cpu"))
+    out = torch.compile(doubled_on_a_side_stream, backend=backend)(
+        torch.ones(2), SimStream(device="cpu")
+    )
     torch.testing.assert_close(out, torch.full((2,), 2.0).sin())
     assert any(name.startswith("sync_dealloc") for name in rewritten), rewritten
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from helpers import forget_bindings, last_binding
+from helpers import doubled_on_a_side_stream, forget_bindings, last_binding
 
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
@@ -465,12 +465,7 @@ def test_a_backend_that_runs_its_first_call_eagerly_keeps_later_backwards_bound(
     from torch._dynamo.backends.registry import lookup_backend
 
     def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
-        with side:
-            y = x * 2
-        done = torch.Event(device="cpu")
-        done.record(side)
-        done.wait(torch.Stream(device="cpu"))
-        return y.sin() * 3
+        return doubled_on_a_side_stream(x, side) * 3
 
     def warm_up_first(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         compiled = lookup_backend("userstreams_aot_eager")(gm, example_inputs)
