@@ -104,7 +104,7 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         if after_forward is not None:
             last = next_sequence_nr()
             if last != first:  # the call made autograd nodes: hand the binding over
-                _hand_over_counting(bound, after_forward, binding, out, args, first, last)
+                _hand_over(bound, after_forward, binding, out, args, first, last)
         if bound.returns_objects:
             calls.last = binding
         return out
@@ -136,7 +136,7 @@ def _carries_graph(values: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in values)
 
 
-def _hand_over_counting(
+def _hand_over(
     bound: BoundGraph,
     after_forward: AfterForward,
     binding: Binding,
@@ -145,32 +145,18 @@ def _hand_over_counting(
     first: int,
     last: int,
 ) -> None:
-    """``_hand_over``, counting the calls in a row that made no node to hold the binding."""
-    handed = _hand_over(after_forward, binding, out, args, first, last)
-    if handed:
-        bound.misses = 0
-    elif handed is False:
-        bound.misses += 1
-        if bound.misses >= CALLS_WITHOUT_A_PYTHON_NODE:
-            bound.after_forward = None  # this graph makes no node to hold it
-
-
-def _hand_over(
-    after_forward: AfterForward,
-    binding: Binding,
-    out: Any,
-    args: tuple[Any, ...],
-    first: int,
-    last: int,
-) -> bool | None:
     """Give the call's binding to the autograd nodes it made, found from its outputs, else
     from its inputs (an input mutated in place hangs the call's backward on its own history,
-    whatever the outputs carry). False when values carried a graph but led to no Python
-    node the call made; None when none carried one."""
-    found = None
+    whatever the outputs carry). Counts the calls in a row whose values carried a graph but
+    led to no Python node the call made, and stops asking after too many."""
+    missed = False
     for values in (out if type(out) is tuple or type(out) is list else (out,), args):
         if _carries_graph(values):
             if after_forward(binding, values, first, last):
-                return True
-            found = False
-    return found
+                bound.misses = 0
+                return
+            missed = True
+    if missed:
+        bound.misses += 1
+        if bound.misses >= CALLS_WITHOUT_A_PYTHON_NODE:
+            bound.after_forward = None  # this graph makes no node to hold it
