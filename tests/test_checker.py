@@ -635,3 +635,30 @@ def test_a_cond_branch_is_checked_like_the_graph_around_it(
         assert details[0].startswith("subgraph true_graph_0: clone on the current stream reads mul")
         assert details[1].startswith("subgraph true_graph_0: mul was allocated on stream 0")
         assert [f.kind.value for f in result.findings] == ["read-after-write", "memory-reuse"]
+
+
+def _cond_of_pair(
+    pred: torch.Tensor,
+    branches: tuple[torch.fx.GraphModule, torch.fx.GraphModule],
+    operands: tuple[torch.Tensor, ...],
+) -> torch.Tensor:
+    return torch.cond(pred, branches[0], branches[1], operands)
+
+
+def test_a_subgraph_inside_a_tuple_argument_is_checked() -> None:
+    """flex_attention passes its mask_mod inside the block-mask tuple: a subgraph named only
+    inside a tuple went unchecked. Here cond's branches are moved into one tuple argument."""
+    side = torch.Stream(device="cpu")
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        taken = torch.cond(x.sum() > 0, lambda x: _race_in(x, side), lambda x: x * 3, (x,))
+        return taken + 1
+
+    gm = capture(program, torch.ones(3)).forward[0]
+    (cond,) = [n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond]
+    pred, on_true, on_false, operands = cond.args
+    cond.target, cond.args = _cond_of_pair, (pred, (on_true, on_false), operands)
+    gm.recompile()
+    details = [finding.detail for finding in check_stream_safety(gm).findings]
+    assert len(details) == 2, details
+    assert details[0].startswith("subgraph true_graph_0: clone on the current stream reads mul")

@@ -105,22 +105,24 @@ def _device_key(device: object) -> str:
 def _graph_and_subgraphs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
     """``gm`` and every graph it calls through a higher-order op (a ``torch.cond`` branch,
     a body Dynamo did not inline), each checked on its own: a branch's inputs count as
-    ready when it starts, and what crosses its boundary is judged at the calling node."""
+    ready when it starts, and what crosses its boundary is judged at the calling node.
+    A subgraph may sit inside a tuple or keyword argument (``flex_attention``'s block mask
+    holds its ``mask_mod``): every node the call reads counts."""
     found = [("", gm)]
     for where, graph in found:
         for node in graph.graph.nodes:
             if node.op != "call_function" or is_control_deps(node):
                 continue  # a control_deps subgraph is its sync, read in place
-            for arg in node.args:
+            for arg in node.all_input_nodes:
                 called = _called_graph(graph, arg)
                 if called is not None and all(called is not g for _, g in found):
                     found.append((f"{where}subgraph {arg.target}: ", called))
     return found
 
 
-def _called_graph(gm: torch.fx.GraphModule, arg: object) -> torch.fx.GraphModule | None:
+def _called_graph(gm: torch.fx.GraphModule, arg: torch.fx.Node) -> torch.fx.GraphModule | None:
     """The graph module a ``get_attr`` argument names, if it names one."""
-    if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+    if arg.op != "get_attr":
         return None
     target: object = gm
     for part in str(arg.target).split("."):
