@@ -115,3 +115,20 @@ def test_lookup_outside_a_call_raises() -> None:
     torch_userstreams.uninstall()
     with pytest.raises(torch_userstreams.UserObjectError, match="outside any compiled call"):
         torch_userstreams.lookup(0)
+
+
+def test_the_current_stream_of_a_device_this_machine_lacks_is_refused_by_name() -> None:
+    """torch answered only "Accelerator expected"."""
+    accelerator = torch.accelerator.current_accelerator()
+    absent = "xpu" if accelerator is not None and accelerator.type == "cuda" else "cuda"
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        torch_userstreams.current_stream(absent, added_by="my_backend")
+        return gm
+
+    compiled = torch.compile(add_one, backend=backend)
+    with pytest.raises(Exception, match="asked graph") as exc:
+        compiled(torch.ones(1))
+    message = str(exc.value)
+    assert f"my_backend asked graph add_one [0/0] for the current stream of '{absent}'" in message
+    assert "compile for that device" in message

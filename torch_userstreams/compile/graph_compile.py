@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import NotCompilingError
+from ..errors import NotCompilingError, UserObjectError
 from ..run.state import compile_in_progress, state
 from . import emitters, factories
 from .table import EntryKind, Phase, UserObjectTable
@@ -160,9 +160,23 @@ class GraphCompile:
             factory = factories.constructor(factories.stream_class(device), (), {"device": device})
             emit, example = emitters.from_factory(factory), factory()
         else:
+            _check_accelerator(device, self.table.graph_name, added_by)
             emit = emitters.current_stream(device)
             example = torch.accelerator.current_stream(device)
         return self.table.add_current_stream(device, emit, example, added_by=added_by)
+
+
+def _check_accelerator(device: torch.device, graph: str, added_by: str) -> None:
+    """torch only answers "Accelerator expected" for a device this machine does not run."""
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type == device.type:
+        return
+    present = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
+    raise UserObjectError(
+        f"{added_by} asked graph {graph} for the current stream of {str(device)!r}, but this "
+        f"machine has {present}: request streams of a device torch can run here (compile "
+        "for that device, or guard the request with torch.accelerator.current_accelerator())."
+    )
 
 
 # -- which compile a registration belongs to ------------------------------------------------
