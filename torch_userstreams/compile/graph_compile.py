@@ -168,7 +168,8 @@ class GraphCompile:
 
 def _check_accelerator(device: torch.device, graph: str, added_by: str) -> None:
     """torch only answers "Accelerator expected" for a device this machine does not run."""
-    accelerator = torch.accelerator.current_accelerator()
+    available = torch.accelerator.is_available()  # a CUDA build without a GPU has none
+    accelerator = torch.accelerator.current_accelerator() if available else None
     if accelerator is not None and accelerator.type == device.type:
         return
     present = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
