@@ -14,11 +14,13 @@ import torch
 
 import torch_userstreams
 from torch_userstreams.compile.table import EntryKind
+from torch_userstreams.testing import capture, check_stream_safety
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,
     FakeAcceleratorStream,
     fake_accelerator,
 )
+from torch_userstreams.testing.mutations import syncs
 
 
 @pytest.fixture
@@ -67,3 +69,49 @@ def test_each_fake_accelerator_context_guards_on_its_own_current_stream() -> Non
             event, side = FakeAcceleratorEvent(), FakeAcceleratorStream()
             torch.compile(waits_on_current, backend="userstreams")(torch.ones(2), event, side)
             assert (event.log, side.log) == ([("record", ambient)], [("wait_stream", ambient)])
+
+
+def fork_join_on_the_current_stream(x: torch.Tensor) -> torch.Tensor:
+    """The usual spelling of a fork and a join: record() and wait() with no stream."""
+    side = torch.Stream(device="cpu")
+    ready, done = torch.Event(device="cpu"), torch.Event(device="cpu")
+    ready.record()
+    ready.wait(side)
+    with side:
+        y = torch.tanh(x) * 2
+    done.record(side)
+    done.wait()
+    return y + x.sin()
+
+
+@pytest.mark.skipif(
+    torch.accelerator.is_available(),
+    reason="with an accelerator, Dynamo's own stack starts with its current stream",
+)
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["eager", "userstreams_aot_eager", "userstreams"])
+def test_record_and_wait_with_no_stream_use_the_cpu_current_stream(backend: str) -> None:
+    """Without an accelerator Dynamo's stack of entered streams is empty outside a ``with``
+    block: tracing ``event.record()`` or ``event.wait()`` raised ``IndexError: deque index
+    out of range``. They now sync with the graph's CPU current-stream entry."""
+    x = torch.randn(6, requires_grad=True)
+    expected = torch.tanh(x) * 2 + x.sin()
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    compiled = torch.compile(fork_join_on_the_current_stream, backend=backend)
+    for _ in range(2):
+        out = compiled(x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.allclose(out, expected) and torch.allclose(grad, expected_grad)
+
+    forward = capture(fork_join_on_the_current_stream, x.detach()).forward[0]
+    table = torch_userstreams.explain(fork_join_on_the_current_stream, x.detach()).tables[0]
+    (ambient,) = [e for e in table.entries if e.kind is EntryKind.CURRENT_STREAM]
+    assert ambient.loaded and ambient.device == torch.device("cpu")
+    side, ready, done = 0, 1, 2  # the function's objects, in creation order
+    assert [(sync.name, sync.args) for sync in syncs(forward)][:4] == [
+        ("record_event", (ready, ambient.index)),
+        ("wait_event", (ready, side)),
+        ("record_event", (done, side)),
+        ("wait_event", (done, ambient.index)),
+    ]
+    assert check_stream_safety(forward).findings == []

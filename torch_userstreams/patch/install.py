@@ -168,7 +168,7 @@ def _replacement_for(resolved: Resolved) -> Any:
     module = importlib.import_module(f"{_PACKAGE}.{module_name}")
     replacement = getattr(module, func_name)
     if resolved.point.wraps:
-        return replacement(resolved.native)
+        replacement = replacement(resolved.native)
     return staticmethod(replacement) if resolved.point.static else replacement
 
 
