@@ -1,0 +1,28 @@
+"""The README's first example runs as printed (in a process of its own: it installs)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def first_python_block() -> str:
+    match = re.search(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    assert match is not None, "README.md has no python example"
+    return match.group(1)
+
+
+def test_the_first_example_prints_what_its_comment_says() -> None:
+    code = first_python_block()
+    (expected,) = re.findall(r"# (tensor\(.*\))$", code, re.MULTILINE)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == expected
+    assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 3", lines[1]), done.stdout
