@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from probes import insert_probe, requesting_backend, seen
@@ -133,3 +135,21 @@ def test_the_current_stream_of_a_device_this_machine_lacks_is_refused_by_name() 
     message = str(exc.value)
     assert f"my_backend asked graph add_one [0/0] for the current stream of '{absent}'" in message
     assert "compile for that device" in message
+
+
+@pytest.mark.parametrize("request_one", [torch_userstreams.new_stream, torch_userstreams.new_event])
+def test_an_object_of_a_device_this_machine_lacks_is_refused_by_name(request_one: Any) -> None:
+    """torch answered only "PyTorch is not linked with support for cuda devices"."""
+    absent = "xpu" if torch.accelerator.is_available() else "cuda"
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        request_one(absent, added_by="my_backend")
+        return gm
+
+    with pytest.raises(Exception, match="asked graph") as exc:
+        torch.compile(add_one, backend=backend)(torch.ones(1))
+    kind = "Stream" if request_one is torch_userstreams.new_stream else "Event"
+    assert f"my_backend asked graph add_one [0/0] for torch.{kind}(device='{absent}')" in str(
+        exc.value
+    )
+    assert "request objects of a device torch runs here" in str(exc.value)

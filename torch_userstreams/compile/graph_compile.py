@@ -133,12 +133,14 @@ class GraphCompile:
     def _requested(
         self, cls: type, kwargs: dict[str, Any], text: str, added_by: str, phase: Phase
     ) -> int:
+        _require_device(kwargs["device"], self.table.graph_name, added_by, text)
         factory = factories.constructor(cls, (), kwargs)
+        example = factory()
         return self.table.add(
             EntryKind.REQUESTED,
             text,
             emitters.from_factory(factory),
-            factory(),
+            example,
             added_by=added_by,
             phase=phase,
         )
@@ -160,23 +162,27 @@ class GraphCompile:
             factory = factories.constructor(factories.stream_class(device), (), {"device": device})
             emit, example = emitters.from_factory(factory), factory()
         else:
-            _check_accelerator(device, self.table.graph_name, added_by)
+            wanted = f"the current stream of {str(device)!r}"
+            _require_device(device, self.table.graph_name, added_by, wanted)
             emit = emitters.current_stream(device)
             example = torch.accelerator.current_stream(device)
         return self.table.add_current_stream(device, emit, example, added_by=added_by)
 
 
-def _check_accelerator(device: torch.device, graph: str, added_by: str) -> None:
-    """torch only answers "Accelerator expected" for a device this machine does not run."""
+def _require_device(device: torch.device, graph: str, added_by: str, wanted: str) -> None:
+    """CPU, or this machine's available accelerator. Elsewhere torch answers "Accelerator
+    expected", "not linked with support for cuda devices", or nothing until the first sync."""
+    if device.type == "cpu":
+        return
     available = torch.accelerator.is_available()  # a CUDA build without a GPU has none
     accelerator = torch.accelerator.current_accelerator() if available else None
     if accelerator is not None and accelerator.type == device.type:
         return
     present = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
     raise UserObjectError(
-        f"{added_by} asked graph {graph} for the current stream of {str(device)!r}, but this "
-        f"machine has {present}: request streams of a device torch can run here (compile "
-        "for that device, or guard the request with torch.accelerator.current_accelerator())."
+        f"{added_by} asked graph {graph} for {wanted}, but this machine has {present}: "
+        "request objects of a device torch runs here (compile for that device, or guard the "
+        "request with torch.accelerator.is_available())."
     )
 
 
