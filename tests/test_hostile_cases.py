@@ -565,3 +565,45 @@ def test_a_graph_that_never_makes_a_python_node_stops_walking_after_a_few_calls(
     compiled(x, side).sum().backward()
     assert bound.after_forward is None
     torch.testing.assert_close(x.grad, CALLS_WITHOUT_A_PYTHON_NODE * 2 * torch.cos(2 * x.detach()))
+
+
+def _add_side_work_then_view(x: torch.Tensor, w: torch.Tensor, s: torch.Stream, view: str) -> Any:
+    with s:
+        t = (w * 2).tanh()
+    x += t
+    if view == "slice":
+        return x[1:]
+    if view == "view.t":
+        return x.view(2, 2).t()
+    return x.view(2, 2), x.sum()
+
+
+def _training_run(fn: Callable[..., Any], view: str, stream: torch.Stream) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    a, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    x = a * 1.5  # a non-leaf input, updated in place
+    outs = fn(x, w, stream, view)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    sum((out * (i + 2)).sum() for i, out in enumerate(outs)).backward()
+    return [*(out.detach() for out in outs), x.detach(), a.grad, w.grad]
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("view", ["slice", "view.t", "view and a reduction"])
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+@pytest.mark.parametrize("device", ["cpu", "fake accelerator"])
+def test_a_view_of_an_input_updated_beside_side_work_is_a_forward_output(
+    backend: str, view: str, device: str
+) -> None:
+    """AOTAutograd rebuilds such a view after the backward, untagged; the package tagged it
+    backward, made it wait for the backward, and the partitioner raised "AssertionError:
+    Node getitem_3 was invalid, but is output" (native aot_eager compiled it)."""
+    expected = _training_run(_add_side_work_then_view, view, SimStream(device="cpu"))
+    compiled = torch.compile(_add_side_work_then_view, backend=backend)
+    if device == "cpu":
+        got = _training_run(compiled, view, SimStream(device="cpu"))
+    else:
+        with fake_accelerator():
+            got = _training_run(compiled, view, FakeAcceleratorStream())
+    for value, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, reference)

@@ -16,6 +16,14 @@ forward node, as eager runs a custom backward on that stream). A custom backward
 first thing the backward runs (the compiled function returns the Function's output): no
 backward ``call_function`` precedes it, so the rule cannot wait for one. A graph with no
 backward (no tangent, no backward node) is left alone.
+
+Exception: AOTAutograd replays, after the backward, the views the function returns of an
+input it updated in place (``x += t; return x[1:]``): the output is rebuilt as a view of the
+updated value. Such a node reads only forward nodes, feeds only the graph's outputs, has no
+stream and no side effect: it is a forward output, tagged forward and moved to the end of
+the forward. Tagged backward, or left among the backward's syncs, it was made to wait for
+the backward, and the partitioner rejected the graph ("Node ... was invalid, but is
+output").
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward
+from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward, stream_of
 from .contract import GraphPass
 
 NAME = "backward_phase"
@@ -34,12 +42,43 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     if not any(is_backward(node) for node in nodes):
         return []
     forward = [i for i, node in enumerate(nodes) if node.meta.get(PARTITIONER_TAG) == IS_FORWARD]
+    untagged = [
+        node
+        for node in nodes[forward[-1] + 1 if forward else 0 :]
+        if node.op == "call_function" and node.meta.get(PARTITIONER_TAG) is None
+    ]
+    rebuilt = _rebuilt_forward_outputs(untagged)
     notes = []
-    for node in nodes[forward[-1] + 1 if forward else 0 :]:
-        if node.op == "call_function" and node.meta.get(PARTITIONER_TAG) is None:
+    last_forward = nodes[forward[-1]] if forward else None
+    for node in untagged:
+        if node in rebuilt and last_forward is not None:
+            node.meta[PARTITIONER_TAG] = IS_FORWARD
+            last_forward.append(node)  # back into the forward, in order: reads only it
+            last_forward = node
+            notes.append(f"rebuilds a forward output: moved into the forward [{node.name}]")
+        else:
             node.meta[PARTITIONER_TAG] = IS_BACKWARD
             notes.append(f"traced in a custom backward [{node.name}]")
     return notes
+
+
+def _rebuilt_forward_outputs(untagged: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The untagged nodes that read only forward nodes (or other such nodes), feed only the
+    graph's outputs (or other such nodes), and have no stream and no side effect."""
+    reads_forward: set[torch.fx.Node] = set()
+    for node in untagged:
+        inputs_forward = all(
+            arg.meta.get(PARTITIONER_TAG) == IS_FORWARD or arg in reads_forward
+            for arg in node.all_input_nodes
+        )
+        if inputs_forward and stream_of(node) is None and not node.is_impure():
+            reads_forward.add(node)
+    rebuilt: set[torch.fx.Node] = set()
+    for node in reversed(untagged):
+        if node in reads_forward and node.users:
+            if all(user.op == "output" or user in rebuilt for user in node.users):
+                rebuilt.add(node)
+    return rebuilt
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({"phases tagged"}))
