@@ -96,18 +96,21 @@ def userstreams_backend(
     for the forward and the backward. ``on_graph`` (for ``testing.capture``) sees each
     forward and backward graph before it is compiled."""
     compile_ = _compile_of("userstreams", gm)
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+    from .cache_tag import own_cache_entries, tagged
     from .inductor_options import config_patches
     from .inductor_regions import compile_fx_with_regions
     from .regions import has_stream_work
 
     patches = config_patches(mode, options)
-    if compile_ is None or not has_stream_work(gm):
-        return compile_fx(gm, example_inputs, config_patches=patches)
-    return compile_fx_with_regions(
-        gm, example_inputs, compile_.table, on_graph=on_graph, config_patches=patches
-    )
+    with own_cache_entries():
+        if compile_ is None or not has_stream_work(gm):
+            inner = tagged(compile_fx_inner)
+            return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+        return compile_fx_with_regions(
+            gm, example_inputs, compile_.table, on_graph=on_graph, config_patches=patches
+        )
 
 
 def userstreams_aot_eager_backend(

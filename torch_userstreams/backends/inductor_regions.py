@@ -33,6 +33,7 @@ from ..fx.control_deps import SyncCall, alias_of
 from ..passes import sync_inference_graph_in_backend
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
+from .cache_tag import tagged
 from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
@@ -235,7 +236,7 @@ def compile_fx_with_regions(
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    inner = StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph)
+    inner = tagged(StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph))
     name = table.graph_name if table is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
     with functorch_config.patch(enable_autograd_cache=False):

@@ -1,0 +1,44 @@
+"""The package's Inductor compiles are cached apart from native Inductor's.
+
+Inductor's FX graph cache keys a graph by its code, not by its nodes' stream annotations,
+so a graph native Inductor compiled inside a ``with stream:`` block and the same ops
+without it share one entry: whichever compiled first serves the other, stream code and
+all. A stream-free graph of the package then failed with ``NameError: name 'stream1' is not
+defined`` (and on an accelerator could run on a stream it never named). Every compile of
+the package's ``userstreams`` backend adds a tag to the cache keys, forward and (lazily
+compiled) backward alike, so only the package's own stream-free code can serve it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+TAG = "torch_userstreams"
+
+
+@contextlib.contextmanager
+def own_cache_entries() -> Iterator[None]:
+    """Inductor's and AOTAutograd's cache keys name the package while this is entered."""
+    tag = torch.compiler.config.cache_key_tag  # type: ignore[attr-defined]
+    if TAG in tag.split("|"):
+        yield
+        return
+    with torch.compiler.config.patch(cache_key_tag=f"{tag}|{TAG}"):  # type: ignore[attr-defined]
+        yield
+
+
+def tagged(compiler: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiler`` run under ``own_cache_entries``: an inner compiler that AOTAutograd
+    calls for the backward at its first run, after the forward's compile returned."""
+
+    @functools.wraps(compiler)
+    def compile_in_own_entries(*args: Any, **kwargs: Any) -> Any:
+        with own_cache_entries():
+            return compiler(*args, **kwargs)
+
+    return compile_in_own_entries
