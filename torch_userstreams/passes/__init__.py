@@ -5,7 +5,7 @@ names (``_aot_autograd/streams.py``), which AOTAutograd calls on the joint graph
 order. Each rule lives in its own module, as a ``GraphPass`` that states what it requires
 and ensures (``contract``); the entry points run them on the compile whose backend runs.
 
-    assign_backward_streams   backward_phase, inherit_streams, grad_accumulation
+    assign_backward_streams   write_backs, backward_phase, inherit_streams, grad_accumulation
     insert_backward_syncs     backward_syncs
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
     wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too, after
@@ -29,6 +29,7 @@ from . import (
     grad_accumulation,
     inherit_streams,
     sync_ordering,
+    write_backs,
 )
 from .contract import GraphPass, ensure, run_passes
 
@@ -53,6 +54,7 @@ def _run(gm: torch.fx.GraphModule, passes: tuple[GraphPass, ...], needed: bool) 
 def assign_backward_streams(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's pass: tag what a custom backward traced, inherit forward
     streams, then place accumulations."""
+    _run(gm, (write_backs.PASS,), _has_streams(gm))
     _run(gm, (backward_phase.PASS,), _has_streams(gm) or _has_syncs(gm))
     _run(gm, (inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
 
@@ -80,7 +82,7 @@ def sync_inference_deallocations(gm: torch.fx.GraphModule) -> None:
     ensure(gm, "backward reads synced")
     # Its events need a compile to hold them: export's decompositions reach this too.
     in_compile = graph_compile.active_or_none() is not None
-    _run(gm, (dealloc_syncs.PASS,), in_compile and _has_streams(gm))
+    _run(gm, (write_backs.PASS, dealloc_syncs.PASS), in_compile and _has_streams(gm))
     ensure(gm, "syncs complete")
 
 

@@ -1,0 +1,82 @@
+"""An input updated on a side stream is written back before the join that follows the update.
+
+AOTAutograd writes such an update back with a ``copy_`` at the end of the graph, on the side
+stream: after the function's own ``main.wait_stream(side)``, which then did not cover the
+write (on a GPU the caller could read the input while the side stream still wrote it). Each
+graph here must issue the write-back before the join, and compute what eager computes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx
+
+from torch_userstreams.simulator import SimStream
+from torch_userstreams.testing import capture
+from torch_userstreams.testing.mutations import syncs
+
+pytestmark = pytest.mark.usefixtures("installed")
+BACKENDS = ("userstreams_aot_eager", "userstreams")
+
+
+def ema_on_a_side_stream(
+    x: torch.Tensor, w: torch.Tensor, ema: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    y = x * w
+    with side:
+        ema.mul_(0.9)
+        ema.add_(y.detach() * 0.1)
+    main.wait_stream(side)
+    return (y * 2).sum()
+
+
+def scale_on_a_comm_stream(g: torch.Tensor, comm: torch.Stream, main: torch.Stream) -> None:
+    comm.wait_stream(main)
+    with comm:
+        g.mul_(0.5)
+    main.wait_stream(comm)
+
+
+def _write_back_then_join(gm: torch.fx.GraphModule) -> list[str]:
+    """The graph's write-backs into inputs and its last wait_stream, in issue order."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    copies = [
+        n
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
+    ]
+    join = [s.node for s in syncs(gm) if s.name == "wait_stream"][-1]
+    return [
+        ("copy_" if n in copies else "wait_stream")
+        for n in sorted([*copies, join], key=order.__getitem__)
+    ]
+
+
+def _streams() -> tuple[SimStream, SimStream]:
+    return SimStream(device="cpu"), SimStream(device="cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_buffer_updated_on_a_side_stream_is_written_before_the_join(backend: str) -> None:
+    x, w, ema = torch.randn(4), torch.randn(4, requires_grad=True), torch.ones(4)
+    expected_ema = ema * 0.9 + (x * w).detach() * 0.1
+    forward = capture(ema_on_a_side_stream, x, w, ema.clone(), *_streams(), backend=backend)
+    assert _write_back_then_join(forward.forward[0]) == ["copy_", "wait_stream"]
+
+    compiled_ema = ema.clone()
+    loss = torch.compile(ema_on_a_side_stream, backend=backend)(x, w, compiled_ema, *_streams())
+    (grad,) = torch.autograd.grad(loss, w)
+    torch.testing.assert_close(compiled_ema, expected_ema)
+    torch.testing.assert_close(grad, 2 * x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gradient_scaled_on_a_comm_stream_is_written_before_the_join(backend: str) -> None:
+    """The hook of a DDP-style overlap: compiled without autograd, an inference graph."""
+    forward = capture(scale_on_a_comm_stream, torch.ones(4), *_streams(), backend=backend)
+    assert _write_back_then_join(forward.forward[0]) == ["copy_", "wait_stream"]
+
+    g = torch.full((4,), 3.0)
+    torch.compile(scale_on_a_comm_stream, backend=backend)(g, *_streams())
+    torch.testing.assert_close(g, torch.full((4,), 1.5))

@@ -1,0 +1,55 @@
+"""An input's in-graph write-back runs where the function updated the input.
+
+AOTAutograd keeps an update of a graph input (a buffer's running statistics, an EMA, a
+gradient scaled in a hook) in the graph as a ``copy_`` into the input at the very end, on
+the stream that computed the new value. A join the function wrote after the update
+(``main.wait_stream(side)``, ``done.record(side)``) then comes before that ``copy_``, so on
+a GPU it does not cover the write: the caller's stream could read the input while the
+side stream still writes it. Eager wrote the input in place where the function said.
+
+Rule: each write-back ``copy_`` into a placeholder moves up to right after the later of its
+new value and the last forward node that reads the input's old value. The graph's values do
+not change (nothing after it reads the old value), and every sync after the update in the
+function comes after the write. AOTAutograd gives the ``copy_`` its value's stream later
+(``assign_epilogue_copy_streams``, forward and inference graphs): set here, it would lend
+that stream to the backward nodes that share its sequence number (``inherit_streams``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from ..compile.graph_compile import GraphCompile
+from ..fx.meta import is_backward, record
+from .contract import GraphPass
+
+NAME = "write_backs"
+COPY = torch.ops.aten.copy_.default
+
+
+def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    notes = []
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for copy in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is COPY]:
+        target, value = copy.args[0], copy.args[1]
+        if not (isinstance(target, torch.fx.Node) and target.op == "placeholder"):
+            continue
+        if not isinstance(value, torch.fx.Node) or copy.users:
+            continue
+        readers = [
+            user
+            for user in target.users
+            if user is not copy and user.op != "output" and not is_backward(user)
+        ]
+        anchor = max([value, *readers], key=order.__getitem__)
+        if anchor.next is copy:
+            continue
+        anchor.append(copy)
+        order = {node: i for i, node in enumerate(gm.graph.nodes)}
+        note = record(copy, NAME, f"writes {target.name} back right after {anchor.name}")
+        notes.append(f"{note.note} [{copy.name}]")
+    return notes
+
+
+PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))
