@@ -17,10 +17,11 @@ CHILD = Path(__file__).parent / "cache_child.py"
 TIMEOUT_S = 300
 
 
-def run_child(cache_dir: Path) -> dict[str, Any]:
+def last_line_of(cache_dir: Path, *argv: str) -> str:
+    """Run ``python *argv`` with ``cache_dir`` as Inductor's cache; its last line of output."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
     done = subprocess.run(
-        [sys.executable, str(CHILD)],
+        [sys.executable, *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -28,7 +29,11 @@ def run_child(cache_dir: Path) -> dict[str, Any]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def run_child(cache_dir: Path) -> dict[str, Any]:
+    return json.loads(last_line_of(cache_dir, str(CHILD)))  # type: ignore[no-any-return]
 
 
 def test_a_second_process_uses_the_warm_cache_and_its_own_objects(tmp_path: Path) -> None:
@@ -75,19 +80,8 @@ def test_native_stream_code_in_the_cache_is_never_served_to_the_package(tmp_path
     """The FX graph cache keys a graph by its code, not its stream annotations: a stream-free
     graph of the package was served native Inductor's code for the same ops in a stream,
     and failed with "NameError: name 'stream1' is not defined"."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    outputs = []
-    for role in ("native", "native, no stream", "package"):
-        done = subprocess.run(
-            [sys.executable, "-c", NATIVE_THEN_PACKAGE, role],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-4000:]
-        outputs.append(done.stdout.strip().splitlines()[-1])
+    roles = ("native", "native, no stream", "package")
+    outputs = [last_line_of(tmp_path, "-c", NATIVE_THEN_PACKAGE, role) for role in roles]
     # Native 2.11's Inductor ignores the annotation (no stream code to poison the cache);
     # later ones serve the stream code to the same ops without a stream, natively too.
     if torch.__version__ >= "2.12":
