@@ -5,7 +5,7 @@ names (``_aot_autograd/streams.py``), which AOTAutograd calls on the joint graph
 order. Each rule lives in its own module, as a ``GraphPass`` that states what it requires
 and ensures (``contract``); the entry points run them on the compile whose backend runs.
 
-    assign_backward_streams   write_backs, backward_phase, inherit_streams, grad_accumulation
+    assign_backward_streams   backward_phase, write_backs, inherit_streams, grad_accumulation
     insert_backward_syncs     backward_syncs
     sync_deallocations        dealloc_syncs, pin_syncs (the last pass on every torch)
     wrap_all_sync_nodes_...   sync_ordering (torch >= 2.12; forward-only graphs too, after
@@ -52,11 +52,11 @@ def _run(gm: torch.fx.GraphModule, passes: tuple[GraphPass, ...], needed: bool) 
 
 
 def assign_backward_streams(gm: torch.fx.GraphModule) -> None:
-    """Replaces AOTAutograd's pass: tag what a custom backward traced, inherit forward
+    """Replaces AOTAutograd's pass: tag what a custom backward traced (so a write-back is
+    not placed among it), write inputs back where they were updated, inherit forward
     streams, then place accumulations."""
-    _run(gm, (write_backs.PASS,), _has_streams(gm))
     _run(gm, (backward_phase.PASS,), _has_streams(gm) or _has_syncs(gm))
-    _run(gm, (inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
+    _run(gm, (write_backs.PASS, inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
 
 
 def insert_backward_syncs(gm: torch.fx.GraphModule) -> None:
