@@ -80,3 +80,30 @@ def test_a_gradient_scaled_on_a_comm_stream_is_written_before_the_join(backend: 
     g = torch.full((4,), 3.0)
     torch.compile(scale_on_a_comm_stream, backend=backend)(g, *_streams())
     torch.testing.assert_close(g, torch.full((4,), 1.5))
+
+
+def ema_read_against_its_clone(
+    x: torch.Tensor, w: torch.Tensor, ema: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    previous = ema.clone()
+    y = x * w
+    with side:
+        ema.mul_(0.5)
+        ema.add_(y.detach() * 0.5)
+    main.wait_stream(side)
+    return (y * 2).sum() + (ema - previous).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_clone_of_the_old_value_read_after_the_update_keeps_the_old_value(
+    backend: str, requires_grad: bool
+) -> None:
+    """Inductor replaces a clone of an input by the input, trusting that updates come last:
+    a write-back moved above the clone's reader made it read the new value (40.0, not 30.0)."""
+    x, w = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.full((4,), 2.0, requires_grad=requires_grad)
+    ema, compiled_ema = torch.full((4,), 10.0), torch.full((4,), 10.0)
+    expected = ema_read_against_its_clone(x, w, ema, *_streams())
+    compiled = torch.compile(ema_read_against_its_clone, backend=backend)
+    torch.testing.assert_close(compiled(x, w, compiled_ema, *_streams()), expected)
+    torch.testing.assert_close(compiled_ema, ema)

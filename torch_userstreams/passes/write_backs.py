@@ -8,11 +8,14 @@ a GPU it does not cover the write: the caller's stream could read the input whil
 side stream still writes it. Eager wrote the input in place where the function said.
 
 Rule: each write-back ``copy_`` into a placeholder moves up to right after the later of its
-new value and the last forward node that reads the input's old value. The graph's values do
-not change (nothing after it reads the old value), and every sync after the update in the
-function comes after the write. AOTAutograd gives the ``copy_`` its value's stream later
-(``assign_epilogue_copy_streams``, forward and inference graphs): set here, it would lend
-that stream to the backward nodes that share its sequence number (``inherit_streams``).
+new value and the last forward node that depends on the input at all (its old value, a
+clone of it, or the new value). Inductor assumes a graph's input updates come last: it
+replaces a ``clone`` of an input by the input itself, so a node after the write-back that
+read such a clone would read the new value. After the last node that depends on the input
+nothing can. Every sync after that point in the function comes after the write. AOTAutograd
+gives the ``copy_`` its value's stream later (``assign_epilogue_copy_streams``, forward and
+inference graphs): set here, it would lend that stream to the backward nodes that share its
+sequence number (``inherit_streams``).
 """
 
 from __future__ import annotations
@@ -37,12 +40,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             continue
         if not isinstance(value, torch.fx.Node) or copy.users:
             continue
-        readers = [
-            user
-            for user in target.users
-            if user is not copy and user.op != "output" and not is_backward(user)
-        ]
-        anchor = max([value, *readers], key=order.__getitem__)
+        anchor = max([value, *_forward_dependents(target, copy)], key=order.__getitem__)
         if anchor.next is copy:
             continue
         anchor.append(copy)
@@ -50,6 +48,19 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
         note = record(copy, NAME, f"writes {target.name} back right after {anchor.name}")
         notes.append(f"{note.note} [{copy.name}]")
     return notes
+
+
+def _forward_dependents(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set[torch.fx.Node]:
+    """Every forward node that reads ``placeholder``, directly or through other nodes."""
+    found: set[torch.fx.Node] = set()
+    todo = [placeholder]
+    while todo:
+        for user in todo.pop().users:
+            skip = user is copy or user.op == "output" or is_backward(user)
+            if not skip and user not in found:
+                found.add(user)
+                todo.append(user)
+    return found
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))
