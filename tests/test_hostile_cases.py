@@ -20,6 +20,7 @@ from torch_userstreams.errors import NotCompilingError, UnsupportedPathError, Us
 from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
+from torch_userstreams.testing import capture, check_stream_safety
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 from torch_userstreams.testing.objects import live_user_objects
 
@@ -607,3 +608,42 @@ def test_a_view_of_an_input_updated_beside_side_work_is_a_forward_output(
             got = _training_run(compiled, view, FakeAcceleratorStream())
     for value, reference in zip(got, expected, strict=True):
         torch.testing.assert_close(value, reference)
+
+
+class _GradientFromASideValue(torch.autograd.Function):
+    """A backward that ignores its incoming gradient and joins the side stream before it
+    reads a value the side stream wrote."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor, streams: Any) -> torch.Tensor:
+        ctx.save_for_backward(y)
+        ctx.streams = streams
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (y,) = ctx.saved_tensors
+        main, side = ctx.streams
+        main.wait_stream(side)
+        return y.cos(), None, None
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_a_custom_backward_that_ignores_its_gradient_stays_after_its_join(backend: str) -> None:
+    """Its nodes read only forward values and feed only outputs, like a rebuilt output view:
+    the rule for those moved ``y.cos()`` into the forward, ahead of the join."""
+    main, side = SimStream(device="cpu"), SimStream(device="cpu")
+
+    def program(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        with side:
+            y = x.detach() * 2
+        return _GradientFromASideValue.apply(x, y, (main, side))
+
+    x = torch.linspace(0, 1, 3, requires_grad=True)
+    result = capture(program, x, side, backend=backend)
+    torch.testing.assert_close(x.grad, (2 * torch.linspace(0, 1, 3)).cos())
+    backward = [n.target for n in result.backward[0].graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.cos.default in backward
+    for _, gm in result.graphs:
+        assert check_stream_safety(gm).findings == []

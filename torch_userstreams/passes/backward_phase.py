@@ -19,11 +19,11 @@ backward (no tangent, no backward node) is left alone.
 
 Exception: AOTAutograd replays, after the backward, the views the function returns of an
 input it updated in place (``x += t; return x[1:]``): the output is rebuilt as a view of the
-updated value. Such a node reads only forward nodes, feeds only the graph's outputs, has no
-stream and no side effect: it is a forward output, tagged forward and moved to the end of
-the forward. Tagged backward, or left among the backward's syncs, it was made to wait for
-the backward, and the partitioner rejected the graph ("Node ... was invalid, but is
-output").
+updated value. Such a node is a view of a forward node the graph returns (the new value),
+feeds only the graph's outputs and has no stream: it is a forward output, tagged forward
+and moved to the end of the forward. Tagged backward, or left among the backward's syncs,
+it was made to wait for the backward, and the partitioner rejected the graph ("Node ... was
+invalid, but is output").
 """
 
 from __future__ import annotations
@@ -63,19 +63,28 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 
 
 def _rebuilt_forward_outputs(untagged: list[torch.fx.Node]) -> set[torch.fx.Node]:
-    """The untagged nodes that read only forward nodes (or other such nodes), feed only the
-    graph's outputs (or other such nodes), and have no stream and no side effect."""
-    reads_forward: set[torch.fx.Node] = set()
+    """The untagged views whose base is a graph output made by the forward (the updated
+    input's new value) or another such view, that feed only the graph's outputs or other
+    such views, and have no stream. A custom backward's node is not one: what it computes
+    from forward values is no view of a graph output."""
+    output = next(iter(untagged[0].graph.find_nodes(op="output"))) if untagged else None
+    outputs = set(output.all_input_nodes) if output is not None else set()
+    views: set[torch.fx.Node] = set()
     for node in untagged:
-        inputs_forward = all(
-            arg.meta.get(PARTITIONER_TAG) == IS_FORWARD or arg in reads_forward
-            for arg in node.all_input_nodes
+        target = node.target
+        if not (isinstance(target, torch._ops.OpOverload) and target.is_view):
+            continue
+        base = node.args[0] if node.args else None
+        forward_output = (
+            isinstance(base, torch.fx.Node)
+            and base.meta.get(PARTITIONER_TAG) == IS_FORWARD
+            and base in outputs
         )
-        if inputs_forward and stream_of(node) is None and not node.is_impure():
-            reads_forward.add(node)
+        if (forward_output or base in views) and stream_of(node) is None:
+            views.add(node)
     rebuilt: set[torch.fx.Node] = set()
     for node in reversed(untagged):
-        if node in reads_forward and node.users:
+        if node in views and node.users:
             if all(user.op == "output" or user in rebuilt for user in node.users):
                 rebuilt.add(node)
     return rebuilt
