@@ -25,4 +25,5 @@ def test_the_first_example_prints_what_its_comment_says() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0] == expected
-    assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 3", lines[1]), done.stdout
+    # The function's event, the side stream, the current stream, the pass's dealloc event.
+    assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 4", lines[1]), done.stdout
