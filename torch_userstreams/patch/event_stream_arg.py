@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from ..compile import graph_compile
+from .replacements import DYNAMO
 
 CPU = torch.device("cpu")
-DYNAMO = "dynamo"
 
 
 class AmbientCpuStream:
