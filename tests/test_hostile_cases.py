@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.fx
 from helpers import doubled_on_a_side_stream, forget_bindings, last_binding
+from pass_programs import simulated_eager
 
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
@@ -647,3 +648,39 @@ def test_a_custom_backward_that_ignores_its_gradient_stays_after_its_join(backen
     assert torch.ops.aten.cos.default in backward
     for _, gm in result.graphs:
         assert check_stream_safety(gm).findings == []
+
+
+def random_on_a_side_stream(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    joined = torch.Event(device=x.device)
+    with side:
+        noise = torch.rand(8)
+    joined.record(side)
+    joined.wait()
+    return (x * noise).sum()
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_a_step_draws_the_random_numbers_eager_draws(backend: str) -> None:
+    """With ``fallback_random`` (eager's RNG), the global generator after a forward and
+    backward is where eager leaves it. ``userstreams_aot_eager`` partitioned with
+    ``default_partition``, which copied the (impure) ``rand`` into the backward: a dead draw
+    there moved every later random number."""
+    x = torch.linspace(-1, 1, 8)
+
+    def next_draw(fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = x.clone().requires_grad_()
+        torch.manual_seed(0)
+        fn(leaf, SimStream(device="cpu")).backward()
+        assert leaf.grad is not None
+        return leaf.grad, torch.rand(3)
+
+    with torch._inductor.config.patch(fallback_random=True):
+        with simulated_eager():
+            want = next_draw(random_on_a_side_stream)
+        got = next_draw(torch.compile(random_on_a_side_stream, backend=backend))
+        leaf, side = x.clone().requires_grad_(), SimStream(device="cpu")
+        result = capture(random_on_a_side_stream, leaf, side, backend=backend)
+    torch.testing.assert_close(got, want)
+    backward = result.backward[0].graph.nodes
+    assert not [n for n in backward if n.target is torch.ops.aten.rand.default]

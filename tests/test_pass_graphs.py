@@ -88,17 +88,15 @@ mul = mul.Tensor(primals_1, primals_2)  @stream 0
 exp = exp(mul)  @stream 1
 streams.record_event(9, 1)  # dealloc_syncs
 streams.sync_dealloc(9, 0, mul)  # dealloc_syncs
-detach = detach(exp)  @stream 1
 mul_1 = mul.Tensor(exp, primals_2)  @stream 0
 sum_1 = sum(mul_1)
 streams.record_event(11, 3)  # dealloc_syncs
 streams.sync_dealloc(11, 0, mul_1)  # dealloc_syncs
-return [sum_1, primals_1, primals_2, exp, detach]
+return [sum_1, primals_1, primals_2, exp]
 backward:
 input primals_1
 input primals_2
 input exp
-input detach
 input tangents_1
 expand = expand(tangents_1, [4])
 streams.record_event(2, 3)  # backward_syncs
@@ -110,6 +108,7 @@ mul_3 = mul.Tensor(expand, primals_2)  @stream 0
 streams.record_event(8, 0)  # dealloc_syncs
 streams.sync_dealloc(8, 3, expand)  # dealloc_syncs
 streams.record_event(4, 0)  # backward_syncs
+detach = detach(exp)  @stream 1
 detach_1 = detach(detach)  @stream 1
 streams.wait_event(4, 1)  # backward_syncs
 mul_4 = mul.Tensor(mul_3, detach_1)  @stream 1
@@ -144,15 +143,16 @@ sum_1 = sum(mul_1)
 streams.record_event(6, 2)  # dealloc_syncs
 streams.sync_dealloc(6, 0, mul_1)  # dealloc_syncs
 copy_ = copy_(primals_1, add)  @stream 0  # write_backs
-return [sum_1, primals_3, add, mul]
+return [sum_1, primals_2, primals_3, add]
 backward:
+input primals_2
 input primals_3
 input add
-input mul
 input tangents_1
 expand = expand(tangents_1, [4])
 streams.record_event(1, 2)  # backward_syncs
 streams.wait_event(1, 0)  # backward_syncs
+mul = mul.Tensor(primals_2, add)  @stream 0
 mul_2 = mul.Tensor(expand, mul)  @stream 0
 streams.record_event(4, 0)  # backward_syncs
 mul_3 = mul.Tensor(expand, primals_3)  @stream 0
@@ -230,12 +230,11 @@ sin = sin(primals_1)  @stream 1
 mul_1 = mul.Tensor(sin, primals_2)  @stream 1
 mul_2 = mul.Tensor(mul, mul_1)
 sum_1 = sum(mul_2)
-return [sum_1, primals_1, primals_2, mul, sin, mul_1]
+return [sum_1, primals_1, primals_2, mul, mul_1]
 backward:
 input primals_1
 input primals_2
 input mul
-input sin
 input mul_1
 input tangents_1
 expand = expand(tangents_1, [4])
@@ -248,6 +247,7 @@ streams.record_event(10, 3)  # dealloc_syncs
 streams.sync_dealloc(10, 1, mul_1)  # dealloc_syncs
 streams.record_event(4, 3)  # backward_syncs
 streams.wait_event(2, 1)  # backward_syncs
+sin = sin(primals_1)  @stream 1
 mul_5 = mul.Tensor(mul_3, sin)  @stream 1
 mul_6 = mul.Tensor(mul_3, primals_2)  @stream 1
 streams.record_event(11, 1)  # dealloc_syncs
@@ -291,12 +291,13 @@ detach = detach(tanh)  @stream 1
 mul_1 = mul.Tensor(tanh, 2)  @stream 1
 mul_2 = mul.Tensor(mul_1, primals_2)
 sum_1 = sum(mul_2)
-return [sum_1, primals_1, primals_2, detach, mul_1]
+detach_1 = detach(detach)  @stream 1
+return [sum_1, primals_1, primals_2, mul_1, detach_1]
 backward:
 input primals_1
 input primals_2
-input detach
 input mul_1
+input detach_1
 input tangents_1
 expand = expand(tangents_1, [4])
 mul_3 = mul.Tensor(expand, mul_1)
@@ -309,7 +310,6 @@ streams.wait_event(2, 1)  # backward_syncs
 mul_5 = mul.Tensor(mul_4, 2)  @stream 1
 streams.record_event(11, 1)  # dealloc_syncs
 streams.sync_dealloc(11, 3, mul_4)  # dealloc_syncs
-detach_1 = detach(detach)  @stream 1
 tanh_backward = tanh_backward(mul_5, detach_1)  @stream 1
 streams.record_event(4, 1)  # backward_syncs
 streams.wait_event(4, 0)  # backward_syncs
@@ -339,28 +339,24 @@ forward:
 input primals_1
 input primals_2
 mul = mul.Tensor(primals_1, primals_2)  @stream 0
-sin = sin(mul)  @stream 0
-sum_1 = sum(sin)  @stream 0
-return [sum_1, primals_1, primals_2, mul]
+sum_1 = sum(mul)  @stream 0
+return [sum_1, primals_1, primals_2]
 backward:
 input primals_1
 input primals_2
-input mul
 input tangents_1
 streams.record_event(2, 1)  # backward_syncs
 streams.wait_event(2, 0)  # backward_syncs
 expand = expand(tangents_1, [4])  @stream 0
-cos = cos(mul)  @stream 0
-mul_1 = mul.Tensor(expand, cos)  @stream 0
+mul_1 = mul.Tensor(expand, primals_1)  @stream 0
+streams.record_event(4, 0)  # backward_syncs
+mul_2 = mul.Tensor(expand, primals_2)  @stream 0
 streams.record_event(5, 0)  # dealloc_syncs
 streams.sync_dealloc(5, 1, expand)  # dealloc_syncs
-mul_2 = mul.Tensor(mul_1, primals_1)  @stream 0
-streams.record_event(4, 0)  # backward_syncs
-mul_3 = mul.Tensor(mul_1, primals_2)  @stream 0
 streams.record_event(3, 0)  # backward_syncs
 streams.wait_event(3, 1)  # backward_syncs
 streams.wait_event(4, 1)  # backward_syncs
-return [mul_3, mul_2]""",
+return [mul_2, mul_1]""",
         )
 
     def test_saved_view_read_elsewhere(self) -> None:
@@ -378,15 +374,15 @@ sin = sin(mul_1)  @stream 1
 sum_1 = sum(sin)
 streams.record_event(9, 3)  # dealloc_syncs
 streams.sync_dealloc(9, 1, sin)  # dealloc_syncs
-return [sum_1, primals_2, unsqueeze, mul_1]
+cos = cos(mul_1)  @stream 1
+return [sum_1, primals_2, unsqueeze, cos]
 backward:
 input primals_2
 input unsqueeze
-input mul_1
+input cos
 input tangents_1
 expand = expand(tangents_1, [1, 4])
 streams.record_event(2, 3)  # backward_syncs
-cos = cos(mul_1)  @stream 1
 streams.wait_event(2, 1)  # backward_syncs
 mul_2 = mul.Tensor(expand, cos)  @stream 1
 streams.record_event(7, 1)  # dealloc_syncs

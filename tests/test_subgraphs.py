@@ -169,7 +169,8 @@ def checkpointed_dropout(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> t
 def test_capture_partitions_a_checkpointed_sync_as_the_backend_does() -> None:
     """``testing.capture`` records the graphs ``userstreams_aot_eager`` runs: a checkpointed
     body with random ops on a side stream (a ``sync_dealloc`` inside the
-    checkpoint) is partitioned by the backend's partitioner, not refused by ``aot_eager``'s."""
+    checkpoint) is partitioned by the backend's min-cut partitioner, which keeps the sync in
+    the forward (``default_partition`` refuses an impure node inside a checkpoint)."""
     from torch_userstreams.testing import capture
 
     def grads(run: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, ...]:

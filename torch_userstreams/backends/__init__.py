@@ -161,23 +161,13 @@ def inference_synced(compiler: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
-    """``aot_eager``'s partitioner, except for a checkpointed graph with syncs: there it
-    refuses any impure forward node, and every sync is one. Such a graph is partitioned as
-    ``userstreams`` partitions it (min-cut, which keeps impure nodes in the forward)."""
-    from torch._functorch.partitioners import (
-        default_partition,
-        min_cut_rematerialization_partition,
-        must_recompute,
-    )
+    """``aot_eager``'s partitioner (min-cut on every supported torch), as ``userstreams``
+    partitions: it keeps impure forward nodes, syncs included, in the forward, and never
+    copies a random op into the backward, so the debugging backend draws the same random
+    numbers as eager and as ``userstreams``."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from ..fx.control_deps import is_control_deps
-    from ..fx.ops import is_sync_op
-
-    nodes = joint.graph.nodes
-    syncs = any(is_sync_op(n.target) or is_control_deps(n) for n in nodes)
-    if syncs and any(must_recompute(node) for node in nodes):
-        return min_cut_rematerialization_partition(joint, inputs, **kwargs)
-    return default_partition(joint, inputs, **kwargs)
+    return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
 
 _BY_NAME = {
