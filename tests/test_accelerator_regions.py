@@ -223,3 +223,37 @@ def test_a_user_op_read_on_two_streams_runs_once_per_call() -> None:
     assert TABLE_CALLS == [4]
     torch.testing.assert_close(a, 1 + torch.arange(4.0))
     torch.testing.assert_close(b, torch.arange(4.0))
+
+
+def ema_read_after_the_join(x: torch.Tensor, ema: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        ema.mul_(0.5)
+    torch.accelerator.current_stream().wait_stream(s)
+    return x + ema  # the current stream reads the new value: why it joined
+
+
+def ema_and_its_old_clone_read_after_the_join(
+    x: torch.Tensor, ema: torch.Tensor, s: torch.Stream
+) -> torch.Tensor:
+    previous = ema.clone()
+    with s:
+        ema.mul_(0.5)
+    torch.accelerator.current_stream().wait_stream(s)
+    return x + ema + previous
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize(
+    "program", [ema_read_after_the_join, ema_and_its_old_clone_read_after_the_join]
+)
+def test_a_write_back_split_into_regions_gives_eager_values(
+    program: Callable[..., torch.Tensor], requires_grad: bool
+) -> None:
+    """The side region writes the buffer back; the current stream's region reads the new
+    value (and a clone of the old one, which must not become the buffer)."""
+    x = torch.arange(3.0, requires_grad=requires_grad)
+    eager_ema, compiled_ema = torch.full((3,), 8.0), torch.full((3,), 8.0)
+    want = program(x, eager_ema, FakeAcceleratorStream())
+    compiled = torch.compile(program, backend="userstreams")
+    torch.testing.assert_close(compiled(x, compiled_ema, FakeAcceleratorStream()), want)
+    torch.testing.assert_close(compiled_ema, eager_ema)

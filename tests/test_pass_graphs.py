@@ -137,12 +137,12 @@ input primals_1
 input primals_2
 input primals_3
 add = add.Tensor(primals_1, 1)  @stream 0
+copy_ = copy_(primals_1, add)  @stream 0  # write_backs
 mul = mul.Tensor(primals_2, add)  @stream 0
 mul_1 = mul.Tensor(mul, primals_3)  @stream 0
 sum_1 = sum(mul_1)
 streams.record_event(6, 2)  # dealloc_syncs
 streams.sync_dealloc(6, 0, mul_1)  # dealloc_syncs
-copy_ = copy_(primals_1, add)  @stream 0  # write_backs
 return [sum_1, primals_2, primals_3, add]
 backward:
 input primals_2

@@ -107,3 +107,32 @@ def test_a_clone_of_the_old_value_read_after_the_update_keeps_the_old_value(
     compiled = torch.compile(ema_read_against_its_clone, backend=backend)
     torch.testing.assert_close(compiled(x, w, compiled_ema, *_streams()), expected)
     torch.testing.assert_close(compiled_ema, ema)
+
+
+def ema_read_after_the_join(
+    x: torch.Tensor, w: torch.Tensor, ema: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    with side:
+        ema.mul_(0.9)
+    main.wait_stream(side)
+    return (x * w + ema).sum()  # the caller's stream reads the new value: why it joined
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_buffer_whose_new_value_is_read_after_the_join_is_written_before_it(
+    backend: str, requires_grad: bool
+) -> None:
+    """A read of the new value needs only the value, not the input: counting it kept the
+    write-back after the read, after the join, so the join did not cover it (review by
+    helper-31)."""
+    x, w = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.full((4,), 2.0, requires_grad=requires_grad)
+    ema, compiled_ema = torch.full((4,), 10.0), torch.full((4,), 10.0)
+    expected = ema_read_after_the_join(x, w, ema, *_streams())
+    forward = capture(
+        ema_read_after_the_join, x, w, torch.full((4,), 10.0), *_streams(), backend=backend
+    )
+    assert _write_back_then_join(forward.forward[0]) == ["copy_", "wait_stream"]
+    compiled = torch.compile(ema_read_after_the_join, backend=backend)
+    torch.testing.assert_close(compiled(x, w, compiled_ema, *_streams()), expected)
+    torch.testing.assert_close(compiled_ema, ema)

@@ -8,17 +8,22 @@ a GPU it does not cover the write: the caller's stream could read the input whil
 side stream still writes it. Eager wrote the input in place where the function said.
 
 Rule: each write-back ``copy_`` into a placeholder moves up to right after the later of its
-new value and the last forward node that depends on the input at all (its old value, a
-clone of it, or the new value). Inductor assumes a graph's input updates come last: it
-replaces a ``clone`` of an input by the input itself, so a node after the write-back that
-read such a clone would read the new value. After the last node that depends on the input
-nothing can. Every sync after that point in the function comes after the write. AOTAutograd
-gives the ``copy_`` its value's stream later (``assign_epilogue_copy_streams``, forward and
-inference graphs): set here, it would lend that stream to the backward nodes that share its
-sequence number (``inherit_streams``).
+new value and the last forward node that reads the input's old storage: the placeholder
+itself, a view of it, or an op that Inductor may replace by its input (its ``noop_registry``:
+a ``clone`` of an input becomes the input, so a node after the write-back that read such a
+clone would read the new value). Nodes that read only values computed from the input read
+their own buffers, and Inductor realizes pending reads of a buffer before lowering its
+mutation; a node that reads the new value may follow the write, so a join written between
+the update and that read (``main.wait_stream(side); return x + ema``) covers the write.
+AOTAutograd gives a training graph's ``copy_`` its value's stream later
+(``assign_epilogue_copy_streams``; in inference graphs it already has it): set here, it
+would lend that stream to the backward nodes that share its sequence number
+(``inherit_streams``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -40,7 +45,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             continue
         if not isinstance(value, torch.fx.Node) or copy.users:
             continue
-        anchor = max([value, *_forward_dependents(target, copy)], key=order.__getitem__)
+        anchor = max([value, *_old_storage_readers(target, copy)], key=order.__getitem__)
         if anchor.next is copy:
             continue
         anchor.append(copy)
@@ -50,17 +55,38 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     return notes
 
 
-def _forward_dependents(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set[torch.fx.Node]:
-    """Every forward node that reads ``placeholder``, directly or through other nodes."""
+def _old_storage_readers(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set[torch.fx.Node]:
+    """Every forward node that reads ``placeholder``'s storage: directly, or through views
+    and ops that may become the input."""
+    passthrough = _may_alias_its_input()
     found: set[torch.fx.Node] = set()
     todo = [placeholder]
     while todo:
         for user in todo.pop().users:
             skip = user is copy or user.op == "output" or is_backward(user)
-            if not skip and user not in found:
-                found.add(user)
+            if skip or user in found:
+                continue
+            found.add(user)
+            if passthrough(user):
                 todo.append(user)
     return found
+
+
+def _may_alias_its_input() -> Callable[[torch.fx.Node], bool]:
+    """Whether a node's result may be its input's storage: a view, or an op Inductor's
+    post-grad pass may replace by its input. Without that registry (a torch that moved it),
+    every node counts, which keeps the write-back after every node that depends on the
+    input."""
+    try:
+        from torch._inductor.fx_passes.post_grad import noop_registry
+    except ImportError:
+        return lambda node: True
+
+    def passes_through(node: torch.fx.Node) -> bool:
+        target = node.target
+        return getattr(target, "is_view", False) or target in noop_registry
+
+    return passes_through
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))
