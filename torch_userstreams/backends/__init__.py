@@ -136,14 +136,17 @@ def aot_with_executor(forward: Callable[..., Any], backward: Callable[..., Any])
     """AOTAutograd as ``userstreams_aot_eager`` runs it, with ``forward`` and ``backward``
     compiling the graphs. Input mutations stay in the graph, as with ``aot_eager`` and
     Inductor: AOTAutograd would otherwise apply them after the graph returns, on the current
-    stream, with no wait for the stream that computed them."""
+    stream, with no wait for the stream that computed them. Partitioned with min-cut, as
+    ``aot_eager`` and ``userstreams`` are: it keeps impure forward nodes (syncs) in the
+    forward and copies no random op into the backward, where it would draw again."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return aot_autograd(
         fw_compiler=forward,
         bw_compiler=backward,
         inference_compiler=inference_synced(forward),
-        partition_fn=partition_for_executor,
+        partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )
 
@@ -158,16 +161,6 @@ def inference_synced(compiler: Callable[..., Any]) -> Callable[..., Any]:
         return compiler(gm, example_inputs, **kwargs)
 
     return compile_inference
-
-
-def partition_for_executor(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
-    """``aot_eager``'s partitioner (min-cut on every supported torch), as ``userstreams``
-    partitions: it keeps impure forward nodes, syncs included, in the forward, and never
-    copies a random op into the backward, so the debugging backend draws the same random
-    numbers as eager and as ``userstreams``."""
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
 
 _BY_NAME = {

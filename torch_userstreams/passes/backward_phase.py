@@ -65,8 +65,10 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 def _rebuilt_forward_outputs(untagged: list[torch.fx.Node]) -> set[torch.fx.Node]:
     """The untagged views whose base is a graph output made by the forward (the updated
     input's new value) or another such view, that feed only the graph's outputs or other
-    such views, and have no stream. A custom backward's node is not one: what it computes
-    from forward values is no view of a graph output."""
+    such views, and have no stream. A custom backward's node that computes from forward
+    values is not one. One that returns a view of a saved forward output (``y.t()``) looks
+    like one and moves into the forward: harmless, a view reads no data, so no join it
+    skipped could have ordered it."""
     output = next(iter(untagged[0].graph.find_nodes(op="output"))) if untagged else None
     outputs = set(output.all_input_nodes) if output is not None else set()
     views: set[torch.fx.Node] = set()
