@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.fx
 
+from torch_userstreams.fx.meta import records
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import capture
 from torch_userstreams.testing.mutations import syncs
@@ -136,3 +137,29 @@ def test_a_buffer_whose_new_value_is_read_after_the_join_is_written_before_it(
     compiled = torch.compile(ema_read_after_the_join, backend=backend)
     torch.testing.assert_close(compiled(x, w, compiled_ema, *_streams()), expected)
     torch.testing.assert_close(compiled_ema, ema)
+
+
+def swap_through_a_clone(
+    a: torch.Tensor, b: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> None:
+    old_a = a.clone()
+    with side:
+        a.copy_(b)
+        b.copy_(old_a)
+    main.wait_stream(side)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_backs_that_read_each_others_old_values_keep_their_order(backend: str) -> None:
+    """Each write-back reads the other input's old value: no order of the two is right, and
+    moving them wrote b from the new a (1, 1 where eager gives 2, 1). They stay in
+    AOTAutograd's order, which ``userstreams_aot_eager`` runs right; native Inductor, which
+    replaces the clone by a, gives (2, 2) with or without streams (review by helper-31)."""
+    a, b = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    forward = capture(swap_through_a_clone, a.clone(), b.clone(), *_streams(), backend=backend)
+    copies = [n for n in forward.forward[0].graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert [c.args[0].name for c in copies] == ["arg0_1", "arg1_1"]
+    assert [r for c in copies for r in records(c)] == []
+    if backend == "userstreams_aot_eager":
+        torch.compile(swap_through_a_clone, backend=backend)(a, b, *_streams())
+        torch.testing.assert_close((a, b), (torch.full((4,), 2.0), torch.full((4,), 1.0)))

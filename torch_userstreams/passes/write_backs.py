@@ -8,13 +8,17 @@ a GPU it does not cover the write: the caller's stream could read the input whil
 side stream still writes it. Eager wrote the input in place where the function said.
 
 Rule: each write-back ``copy_`` into a placeholder moves up to right after the later of its
-new value and the last forward node that reads the input's old storage: the placeholder
-itself, a view of it, or an op that Inductor may replace by its input (its ``noop_registry``:
-a ``clone`` of an input becomes the input, so a node after the write-back that read such a
-clone would read the new value). Nodes that read only values computed from the input read
-their own buffers, and Inductor realizes pending reads of a buffer before lowering its
-mutation; a node that reads the new value may follow the write, so a join written between
-the update and that read (``main.wait_stream(side); return x + ema``) covers the write.
+new value and the last forward node that reads the input's old storage: directly, or
+through a view, a sync's passthrough, or an op that Inductor may replace by its input (its
+``noop_registry``: a ``clone`` of an input becomes the input, so a node after the
+write-back that read such a clone would read the new value). Nodes that read only values
+computed from the input read their own buffers, and Inductor realizes pending reads of a
+buffer before lowering its mutation; a node that reads the new value may follow the
+write, so a join written between the update and that read (``main.wait_stream(side);
+return x + ema``) covers the write.
+A write-back whose input's old value another write-back reads (a swap through a clone)
+stays where AOTAutograd put it: no order of such writes is right, and AOTAutograd's is
+what native runs.
 AOTAutograd gives a training graph's ``copy_`` its value's stream later
 (``assign_epilogue_copy_streams``; in inference graphs it already has it): set here, it
 would lend that stream to the backward nodes that share its sequence number
@@ -23,12 +27,14 @@ would lend that stream to the backward nodes that share its sequence number
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
+from ..fx.control_deps import is_control_deps
 from ..fx.meta import is_backward, record
 from .contract import GraphPass
 
@@ -39,13 +45,13 @@ COPY = torch.ops.aten.copy_.default
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     notes = []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    for copy in [n for n in gm.graph.nodes if n.op == "call_function" and n.target is COPY]:
+    write_backs = [n for n in gm.graph.nodes if _is_write_back(n)]
+    for copy in write_backs:
         target, value = copy.args[0], copy.args[1]
-        if not (isinstance(target, torch.fx.Node) and target.op == "placeholder"):
-            continue
-        if not isinstance(value, torch.fx.Node) or copy.users:
-            continue
-        anchor = max([value, *_old_storage_readers(target, copy)], key=order.__getitem__)
+        readers = _old_storage_readers(target, copy)
+        if readers.intersection(write_backs):
+            continue  # another write-back reads this input's old value (a swap): keep AOT's order
+        anchor = max([value, *readers], key=order.__getitem__)
         if anchor.next is copy:
             continue
         anchor.append(copy)
@@ -55,16 +61,29 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     return notes
 
 
+def _is_write_back(node: torch.fx.Node) -> bool:
+    """AOTAutograd's ``copy_`` of a new value into a graph input, whose result nothing reads."""
+    if node.op != "call_function" or node.target is not COPY or node.users:
+        return False
+    target, value = node.args[0], node.args[1]
+    return (
+        isinstance(target, torch.fx.Node)
+        and target.op == "placeholder"
+        and isinstance(value, torch.fx.Node)
+    )
+
+
 def _old_storage_readers(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set[torch.fx.Node]:
-    """Every forward node that reads ``placeholder``'s storage: directly, or through views
-    and ops that may become the input."""
+    """Every forward node, and every other write-back, that reads ``placeholder``'s storage:
+    directly, or through views and ops that may become the input."""
     passthrough = _may_alias_its_input()
     found: set[torch.fx.Node] = set()
     todo = [placeholder]
     while todo:
         for user in todo.pop().users:
-            skip = user is copy or user.op == "output" or is_backward(user)
-            if skip or user in found:
+            # AOTAutograd tags write-backs as backward nodes; another one is a reader here
+            backward = is_backward(user) and not _is_write_back(user)
+            if user is copy or user.op == "output" or backward or user in found:
                 continue
             found.add(user)
             if passthrough(user):
@@ -73,10 +92,10 @@ def _old_storage_readers(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set
 
 
 def _may_alias_its_input() -> Callable[[torch.fx.Node], bool]:
-    """Whether a node's result may be its input's storage: a view, or an op Inductor's
-    post-grad pass may replace by its input. Without that registry (a torch that moved it),
-    every node counts, which keeps the write-back after every node that depends on the
-    input."""
+    """Whether a node's result may be its input's storage: a view, a sync's passthrough
+    (``control_deps`` and its ``getitem``), or an op Inductor's post-grad pass may replace by
+    its input. Without that registry (a torch that moved it), every node counts, which keeps
+    the write-back after every node that depends on the input."""
     try:
         from torch._inductor.fx_passes.post_grad import noop_registry
     except ImportError:
@@ -84,6 +103,8 @@ def _may_alias_its_input() -> Callable[[torch.fx.Node], bool]:
 
     def passes_through(node: torch.fx.Node) -> bool:
         target = node.target
+        if is_control_deps(node) or target is operator.getitem:
+            return True
         return getattr(target, "is_view", False) or target in noop_registry
 
     return passes_through
