@@ -68,8 +68,9 @@ def _check_native_tables_empty(table: UserObjectTable) -> None:
 def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
     """Every stream annotation of ``graph`` names a stream of its own ``table``.
 
-    An annotation that does not (an index of another graph, left by a failed trace) would
-    run the node on some other call's object, or fail deep inside a backend.
+    An annotation that does not (copied from a graph module traced before, such as a strict
+    ``torch.export``'s, or left by a failed trace) would run the node on some other call's
+    object, or fail deep inside a backend.
     """
     from ..fx.meta import stream_of
 
@@ -88,9 +89,15 @@ def check_streams(graph: torch.fx.Graph, table: UserObjectTable) -> None:
             if hint:
                 raise UserObjectError(f"{prefix}, which is not in its table.{hint}")
             raise UserObjectError(
-                f"{prefix}, but entry {index} of its table is {what}. A stream annotation "
-                "from another trace leaked into this one; call torch._dynamo.reset() and "
-                "compile again, and report it if it recurs."
+                f"{prefix}, but entry {index} of its table is {what}: no stream of this "
+                "trace made that annotation. A graph module traced before (the module of a "
+                "strict torch.export, or any FX GraphModule) keeps its nodes' stream "
+                "annotations (node.meta['custom']['stream']) when compiled again, without "
+                "the streams they named: compile the original module, export with "
+                "strict=False, or drop them first (for node in gm.graph.nodes: "
+                "node.meta.get('custom', {}).pop('stream', None)). Otherwise a failed trace "
+                "left it: call torch._dynamo.reset(), compile again, and report it if it "
+                "recurs."
             )
 
 
