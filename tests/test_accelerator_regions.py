@@ -242,9 +242,24 @@ def ema_and_its_old_clone_read_after_the_join(
     return x + ema + previous
 
 
+def ema_and_a_snapshot_of_its_view_read_after_the_join(
+    x: torch.Tensor, ema: torch.Tensor, s: torch.Stream
+) -> torch.Tensor:
+    snapshot = ema[:2] + torch.zeros(2)  # Inductor makes this the view of the input
+    with s:
+        ema.mul_(0.5)
+    torch.accelerator.current_stream().wait_stream(s)
+    return (x + ema)[:2] + snapshot
+
+
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize(
-    "program", [ema_read_after_the_join, ema_and_its_old_clone_read_after_the_join]
+    "program",
+    [
+        ema_read_after_the_join,
+        ema_and_its_old_clone_read_after_the_join,
+        ema_and_a_snapshot_of_its_view_read_after_the_join,
+    ],
 )
 def test_a_write_back_split_into_regions_gives_eager_values(
     program: Callable[..., torch.Tensor], requires_grad: bool

@@ -163,3 +163,25 @@ def test_write_backs_that_read_each_others_old_values_keep_their_order(backend: 
     if backend == "userstreams_aot_eager":
         torch.compile(swap_through_a_clone, backend=backend)(a, b, *_streams())
         torch.testing.assert_close((a, b), (torch.full((4,), 2.0), torch.full((4,), 1.0)))
+
+
+def snapshot_of_a_view_read_after_the_join(
+    x: torch.Tensor, ema: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    snapshot = ema[:2] + torch.zeros(2)
+    with side:
+        ema.mul_(0.5)
+    main.wait_stream(side)
+    return snapshot * 3 + x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_old_value_that_inductor_turns_into_a_view_of_the_input_keeps_it(backend: str) -> None:
+    """Inductor replaces ``view + zeros`` by the view: a write-back moved above its reader made
+    it read the new value ([1.5, 3] for eager's [3, 6]) with userstreams (helper-32). Only a
+    node that reaches the input through the new value alone may follow the write-back."""
+    x, ema, compiled_ema = torch.zeros(2), torch.arange(1.0, 5.0), torch.arange(1.0, 5.0)
+    expected = snapshot_of_a_view_read_after_the_join(x, ema, *_streams())
+    compiled = torch.compile(snapshot_of_a_view_read_after_the_join, backend=backend)
+    torch.testing.assert_close(compiled(x, compiled_ema, *_streams()), expected)
+    torch.testing.assert_close(compiled_ema, ema)

@@ -8,14 +8,15 @@ a GPU it does not cover the write: the caller's stream could read the input whil
 side stream still writes it. Eager wrote the input in place where the function said.
 
 Rule: each write-back ``copy_`` into a placeholder moves up to right after the later of its
-new value and the last forward node that reads the input's old storage: directly, or
-through a view, a sync's passthrough, or an op that Inductor may replace by its input (its
-``noop_registry``: a ``clone`` of an input becomes the input, so a node after the
-write-back that read such a clone would read the new value). Nodes that read only values
-computed from the input read their own buffers, and Inductor realizes pending reads of a
-buffer before lowering its mutation; a node that reads the new value may follow the
-write, so a join written between the update and that read (``main.wait_stream(side);
-return x + ema``) covers the write.
+new value and the last forward node that depends on the input other than through the new
+value alone: its old value, a view or a clone of it, anything computed from those. Inductor
+assumes a graph's input updates come last and replaces nodes by their inputs where that is
+a no-op (a ``clone``, ``v + zeros``, ``v * ones`` of a view ``v`` of the input), so a node
+after the write-back that read such a node could read the new value. Nodes that read the
+new value only read its own buffer (Inductor realizes pending reads of a buffer before it
+lowers the buffer's mutation): they may follow the write, so a join written between the
+update and such a read (``main.wait_stream(side); return x + ema``) covers the write. A
+join before a read of the old value, though, still comes before the write, as natively.
 A write-back whose input's old value another write-back reads (a swap through a clone)
 stays where AOTAutograd put it: no order of such writes is right, and AOTAutograd's is
 what native runs.
@@ -27,14 +28,10 @@ would lend that stream to the backward nodes that share its sequence number
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
-
 import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.control_deps import is_control_deps
 from ..fx.meta import is_backward, record
 from .contract import GraphPass
 
@@ -48,7 +45,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     write_backs = [n for n in gm.graph.nodes if _is_write_back(n)]
     for copy in write_backs:
         target, value = copy.args[0], copy.args[1]
-        readers = _old_storage_readers(target, copy)
+        readers = _old_value_readers(target, copy, value)
         if readers.intersection(write_backs):
             continue  # another write-back reads this input's old value (a swap): keep AOT's order
         anchor = max([value, *readers], key=order.__getitem__)
@@ -73,10 +70,11 @@ def _is_write_back(node: torch.fx.Node) -> bool:
     )
 
 
-def _old_storage_readers(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set[torch.fx.Node]:
-    """Every forward node, and every other write-back, that reads ``placeholder``'s storage:
-    directly, or through views and ops that may become the input."""
-    passthrough = _may_alias_its_input()
+def _old_value_readers(
+    placeholder: torch.fx.Node, copy: torch.fx.Node, value: torch.fx.Node
+) -> set[torch.fx.Node]:
+    """Every forward node, and every other write-back, that depends on ``placeholder``
+    other than through the new ``value`` alone."""
     found: set[torch.fx.Node] = set()
     todo = [placeholder]
     while todo:
@@ -86,28 +84,9 @@ def _old_storage_readers(placeholder: torch.fx.Node, copy: torch.fx.Node) -> set
             if user is copy or user.op == "output" or backward or user in found:
                 continue
             found.add(user)
-            if passthrough(user):
+            if user is not value:
                 todo.append(user)
     return found
-
-
-def _may_alias_its_input() -> Callable[[torch.fx.Node], bool]:
-    """Whether a node's result may be its input's storage: a view, a sync's passthrough
-    (``control_deps`` and its ``getitem``), or an op Inductor's post-grad pass may replace by
-    its input. Without that registry (a torch that moved it), every node counts, which keeps
-    the write-back after every node that depends on the input."""
-    try:
-        from torch._inductor.fx_passes.post_grad import noop_registry
-    except ImportError:
-        return lambda node: True
-
-    def passes_through(node: torch.fx.Node) -> bool:
-        target = node.target
-        if is_control_deps(node) or target is operator.getitem:
-            return True
-        return getattr(target, "is_view", False) or target in noop_registry
-
-    return passes_through
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))
