@@ -265,7 +265,7 @@ def test_a_write_back_split_into_regions_gives_eager_values(
     program: Callable[..., torch.Tensor], requires_grad: bool
 ) -> None:
     """The side region writes the buffer back; the current stream's region reads the new
-    value (and a clone of the old one, which must not become the buffer)."""
+    value (and a clone or a snapshot of the old one, which must not become the buffer)."""
     x = torch.arange(3.0, requires_grad=requires_grad)
     eager_ema, compiled_ema = torch.full((3,), 8.0), torch.full((3,), 8.0)
     want = program(x, eager_ema, FakeAcceleratorStream())
