@@ -153,3 +153,34 @@ def test_an_object_of_a_device_this_machine_lacks_is_refused_by_name(request_one
         exc.value
     )
     assert "request objects of a device torch runs here" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "request_one",
+    [torch_userstreams.new_stream, torch_userstreams.new_event, torch_userstreams.current_stream],
+)
+def test_an_accelerator_index_past_the_device_count_is_refused_by_name(request_one: Any) -> None:
+    """On a one-GPU machine torch answers "invalid device ordinal", or nothing until a sync
+    on the missing device; the fake accelerator has one device, ``cuda:0``."""
+    from torch_userstreams.testing.fake_accelerator import fake_accelerator
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        request_one("cuda:1", added_by="my_backend")
+        return gm
+
+    with fake_accelerator():
+        with pytest.raises(Exception, match="asked graph") as exc:
+            torch.compile(add_one, backend=backend)(torch.ones(1))
+        message = str(exc.value)
+        assert "my_backend asked graph add_one [0/0] for " in message
+        assert "'cuda:1'" in message
+        assert "this machine has 1 'cuda' device(s), numbered from 0" in message
+
+        def backend_on_device_zero(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+            request_one("cuda:0", added_by="my_backend")
+            request_one("cuda", added_by="my_backend")
+            return gm
+
+        torch._dynamo.reset()
+        compiled = torch.compile(add_one, backend=backend_on_device_zero)
+        assert torch.equal(compiled(torch.ones(1)), torch.full((1,), 2.0))

@@ -170,14 +170,23 @@ class GraphCompile:
 
 
 def _require_device(device: torch.device, graph: str, added_by: str, wanted: str) -> None:
-    """CPU, or this machine's available accelerator. Elsewhere torch answers "Accelerator
-    expected", "not linked with support for cuda devices", or nothing until the first sync."""
+    """CPU, or one of this machine's accelerator devices. Elsewhere torch answers
+    "Accelerator expected", "not linked with support for cuda devices", "invalid device
+    ordinal", or nothing until the first sync."""
     if device.type == "cpu":
         return
     available = torch.accelerator.is_available()  # a CUDA build without a GPU has none
     accelerator = torch.accelerator.current_accelerator() if available else None
     if accelerator is not None and accelerator.type == device.type:
-        return
+        count = torch.accelerator.device_count()
+        if device.index is None or device.index < count:
+            return
+        raise UserObjectError(
+            f"{added_by} asked graph {graph} for {wanted}, but this machine has {count} "
+            f"{device.type!r} device(s), numbered from 0: request an index below "
+            f"torch.accelerator.device_count(), or the device without an index (its current "
+            "one)."
+        )
     present = "no accelerator" if accelerator is None else f"only {accelerator.type!r}"
     raise UserObjectError(
         f"{added_by} asked graph {graph} for {wanted}, but this machine has {present}: "

@@ -66,6 +66,7 @@ def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
     patches = [
         (torch.accelerator, "is_available", lambda: True),
         (torch.accelerator, "current_accelerator", lambda check_available=False: DEVICE),
+        (torch.accelerator, "device_count", lambda: 1),
         (torch.accelerator, "current_stream", current_stream),
         # Guards and the prologue read the current stream through Dynamo's own helper (a C
         # function on newer torch that checks the real accelerator).
