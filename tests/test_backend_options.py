@@ -1,6 +1,7 @@
 """``torch.compile(backend="userstreams", mode=..., options=...)``: Inductor's settings,
 for the forward and the backward, with or without streams; unknown ones are refused with
-their name. ``userstreams_aot_eager`` takes and ignores them, as ``aot_eager`` does."""
+their name. ``userstreams_aot_eager`` checks the names and warns that it ignores them (native
+``aot_eager`` logs that it does)."""
 
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ def test_options_reach_the_forward_and_backward_compiles(fn: object) -> None:
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
 
 
-@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
-def test_a_mode_compiles(backend: str) -> None:
-    compiled = torch.compile(side_stream_sin, backend=backend, mode="max-autotune-no-cudagraphs")
+def test_a_mode_compiles() -> None:
+    compiled = torch.compile(
+        side_stream_sin, backend="userstreams", mode="max-autotune-no-cudagraphs"
+    )
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x), 2 * x.sin())
 
@@ -64,12 +66,31 @@ def test_a_mode_compiles(backend: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "named"),
     [
+        ({"mode": "max-autotune-no-cudagraphs"}, "mode='max-autotune-no-cudagraphs'"),
+        ({"options": {"epilogue_fusion": False, "max_autotune": True}}, "epilogue_fusion, max_"),
+    ],
+)
+def test_the_debugging_backend_names_the_settings_it_ignores(kwargs: dict, named: str) -> None:
+    compiled = torch.compile(side_stream_sin, backend="userstreams_aot_eager", **kwargs)
+    x = torch.randn(4)
+    with pytest.warns(UserWarning) as warned:
+        torch.testing.assert_close(compiled(x), 2 * x.sin())
+    [message] = [str(w.message) for w in warned if "torch_userstreams" in str(w.message)]
+    assert f"backend 'userstreams_aot_eager' ignores {named}" in message
+    assert "they configure Inductor" in message
+
+
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
         ({"mode": "fastest"}, "mode='fastest'"),
         ({"options": {"max_autotunez": True}}, "max_autotunez"),
     ],
 )
-def test_unknown_settings_are_refused_by_name(kwargs: dict, named: str) -> None:
-    compiled = torch.compile(plain_sin, backend="userstreams", **kwargs)
+def test_unknown_settings_are_refused_by_name(backend: str, kwargs: dict, named: str) -> None:
+    compiled = torch.compile(plain_sin, backend=backend, **kwargs)
     with pytest.raises(Exception, match="torch_userstreams") as raised:
         compiled(torch.randn(4))
+    assert f"backend {backend!r} got" in str(raised.value)
     assert named in str(raised.value)

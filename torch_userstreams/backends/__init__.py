@@ -121,7 +121,11 @@ def userstreams_aot_eager_backend(
 ) -> Any:
     """AOTAutograd with the package's passes, each node run on its own stream. Like
     ``aot_eager`` it takes ``torch.compile``'s ``mode`` and ``options`` and ignores them:
-    they configure Inductor, which this backend does not use."""
+    they configure Inductor, which this backend does not use. Unknown names are refused,
+    known ones named in a warning."""
+    from .inductor_options import warn_ignored
+
+    warn_ignored(mode, options)
     if _compile_of("userstreams_aot_eager", gm) is None:
         from torch._dynamo.backends.debugging import aot_eager
 
