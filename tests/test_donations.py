@@ -10,6 +10,8 @@ hostile test pass.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +136,31 @@ def test_a_backward_cached_with_other_donations_is_not_served(
             wrong = run()
         assert not all(torch.allclose(w, e) for w, e in zip(wrong, expected, strict=True))
         torch.testing.assert_close(run(), expected)
+
+
+def update_a_slice_on_the_side(
+    a: torch.Tensor, w: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    with side:
+        a[:2].add_(10)
+    main.wait_stream(side)
+    return (w * a[1:]).sum() * 1.5
+
+
+@pytest.mark.usefixtures("fresh_compiles")
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "fake accelerator"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_saved_view_of_an_updated_input_is_not_reused_by_the_backward(
+    backend: str, accelerator: bool
+) -> None:
+    """Inductor computes the sliced update in ``a``'s memory, so the saved ``a[1:]`` (a view
+    of a passthrough of the new value) is ``a`` itself at run time. Donated, it took
+    ``w``'s gradient: ``a`` became [10, 16.5, 3, 4.5] after the backward (helper-34)."""
+    context = fake_accelerator() if accelerator else contextlib.nullcontext()
+    with context:
+        make = FakeAcceleratorStream if accelerator else functools.partial(SimStream, "cpu")
+        compiled = torch.compile(update_a_slice_on_the_side, backend=backend)
+        a, w = torch.arange(4.0), torch.arange(3.0, requires_grad=True)
+        compiled(a, w, make(), make()).backward()
+    assert a.tolist() == [10.0, 11.0, 2.0, 3.0]
+    assert w.grad is not None and w.grad.tolist() == [16.5, 3.0, 4.5]

@@ -14,7 +14,10 @@ graph, counting its own placeholders. A region of a backward graph has placehold
 own, so the graph's indices do not apply to it at all.
 
 * ``drop_aliased_donations`` (forward graphs): keeps only the saved tensors still unique
-  after the passthroughs resolve;
+  after the passthroughs resolve. A view of a passthrough shares its operand's memory too,
+  and so does the new value of an input that the graph writes back (Inductor computes a
+  sliced update in the input's own memory): a saved view of an updated input, reused by
+  the backward, overwrote the caller's tensor;
 * ``no_donations`` (backward graphs split into regions): donates nothing;
 * ``keyed_by_donations`` (backward graphs): Inductor's FX graph cache key leaves the donated
   indices out (natively they follow from the graphs), so a backward compiled with other
@@ -37,6 +40,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..fx.control_deps import alias_of
+from ..passes.write_backs import copies_into_input
 
 
 def _donated_list() -> tuple[Any, list[int]] | None:
@@ -57,22 +61,50 @@ def _storage(node: Any) -> StorageWeakRef | None:
     return StorageWeakRef(value.untyped_storage())
 
 
+class _RunTimeStorages:
+    """Which traced storages are one memory at run time, as a union-find over them: a
+    passthrough's and its operand's (views of either follow, as they share the traced
+    storage), and a written-back value's and its input's."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self._parent: dict[StorageWeakRef, StorageWeakRef] = {}
+        for node in gm.graph.nodes:
+            source = alias_of(node)
+            if source is not None and source is not node:
+                self._join(_storage(node), _storage(source))
+            elif copies_into_input(node):
+                self._join(_storage(node.args[1]), _storage(node.args[0]))
+
+    def _find(self, storage: StorageWeakRef) -> StorageWeakRef:
+        while (parent := self._parent.get(storage, storage)) != storage:
+            storage = parent
+        return storage
+
+    def _join(self, a: StorageWeakRef | None, b: StorageWeakRef | None) -> None:
+        if a is not None and b is not None and self._find(a) != self._find(b):
+            self._parent[self._find(a)] = self._find(b)
+
+    def of(self, node: Any) -> StorageWeakRef | None:
+        storage = _storage(node)
+        return None if storage is None else self._find(storage)
+
+
 def drop_aliased_donations(gm: torch.fx.GraphModule) -> None:
-    """For the forward graph ``gm``: donate only saved tensors that, with every passthrough
-    run as its operand, share storage with no input, no user output and no other saved
-    tensor."""
+    """For the forward graph ``gm``: donate only saved tensors that, at run time, share
+    memory with no input, no user output and no other saved tensor."""
     found = _donated_list()
     if found is None:
         return
     meta, donated = found
+    storages = _RunTimeStorages(gm)
     output = next(reversed(gm.graph.find_nodes(op="output")))
-    outputs = [alias_of(node) for node in output.args[0]]
+    outputs = list(output.args[0])
     saved = outputs[meta.tensors_saved_for_backwards_slice]
     others = collections.Counter(
-        _storage(node)
+        storages.of(node)
         for node in (*gm.graph.find_nodes(op="placeholder"), *outputs[: meta.num_forward])
     )
-    saved_storages = [_storage(node) for node in saved]
+    saved_storages = [storages.of(node) for node in saved]
     uses = collections.Counter(saved_storages)
     offset = meta.num_symints_saved_for_bw
 

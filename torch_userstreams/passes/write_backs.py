@@ -60,7 +60,12 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 
 def _is_write_back(node: torch.fx.Node) -> bool:
     """AOTAutograd's ``copy_`` of a new value into a graph input, whose result nothing reads."""
-    if node.op != "call_function" or node.target is not COPY or node.users:
+    return not node.users and copies_into_input(node)
+
+
+def copies_into_input(node: torch.fx.Node) -> bool:
+    """A ``copy_`` of a value into a graph input: a write-back, read by a sync or not."""
+    if node.op != "call_function" or node.target is not COPY:
         return False
     target, value = node.args[0], node.args[1]
     return (
