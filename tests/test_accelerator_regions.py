@@ -5,6 +5,8 @@ cases a hostile test pass found (on the fake accelerator; the CPU path was right
   was never launched, because nothing it made was read outside it: the mutation was lost.
 * With symbolic sizes, a region whose input had the shape ``(s0*s1,)`` could not be
   compiled: Inductor found no ``s0`` and ``s1`` of their own among its inputs.
+* A region returned every value a sync after it lists, read or not; with an input updated
+  through its aliased view and symbolic sizes, Inductor failed to compile the region.
 """
 
 from __future__ import annotations
@@ -272,3 +274,29 @@ def test_a_write_back_split_into_regions_gives_eager_values(
     compiled = torch.compile(program, backend="userstreams")
     torch.testing.assert_close(compiled(x, compiled_ema, FakeAcceleratorStream()), want)
     torch.testing.assert_close(compiled_ema, eager_ema)
+
+
+def update_a_base_read_its_view(
+    a: torch.Tensor, b: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with side:
+        a[:2].add_(10)
+    main.wait_stream(side)
+    return b * 2, a[1:] + b
+
+
+def test_an_aliased_input_updated_with_symbolic_sizes_compiles() -> None:
+    """``b`` is a view of ``a``: AOTAutograd updates their base through ``as_strided``. The
+    side region returned every value its sync lists, and Inductor's reinplace pass failed on
+    the scatter chain it made of them with symbolic sizes (``as_strided() Expected a value
+    of type 'List[int]'``; helper-34)."""
+    compiled = torch.compile(update_a_base_read_its_view, backend="userstreams", dynamic=True)
+    main = torch.accelerator.current_stream()
+    for size in (4, 6):
+        a, expected_a = torch.arange(float(size)), torch.arange(float(size))
+        expected = update_a_base_read_its_view(
+            expected_a, expected_a[1:], FakeAcceleratorStream(), main
+        )
+        got = compiled(a, a[1:], FakeAcceleratorStream(), main)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(a, expected_a)

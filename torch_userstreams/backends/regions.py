@@ -13,7 +13,8 @@
   ``getitem`` stays with the node whose tuple it reads.
 
 ``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
-outside it, its outputs the values used outside it.
+outside it, its outputs the values read outside it (a sync that only orders itself after a
+value does not read it).
 
 A ``control_deps`` wrapper (``fx.control_deps``) only exists to stop a compiler from moving
 work across its sync, which splitting already guarantees: it is read as the sync it issues,
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..fx.control_deps import SyncCall, alias_of, is_passthrough, sync_of
+from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
 from ..fx.meta import drop_stream, stream_of
 from ..fx.ops import is_sync_op
 
@@ -242,10 +243,39 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
         env[used] = env[value]
     for node in region.nodes:
         env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
-    outputs = [n for n in region.nodes if any(user not in members for user in n.users)]
+    outputs = [n for n in region.nodes if _read_outside(n, members)]
     graph.output(tuple(env[n] for n in outputs))
     module = torch.fx.GraphModule(attributes(gm, graph, keep_syncs=True), graph)
     return RegionModule(module, inputs, outputs)
+
+
+def _read_outside(node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
+    """Whether a node outside ``members`` reads ``node``'s value, directly or through a
+    passthrough. A ``control_deps`` that only lists ``node`` among what its sync follows
+    reads nothing: the region is issued before the sync anyway. Returning such values kept
+    each one alive to the end of the graph, and made Inductor rewrite a region's scatter
+    chain into a form its reinplace pass fails on with symbolic sizes."""
+    for user in node.users:
+        if user in members:
+            continue
+        if not is_control_deps(user):
+            return True
+        passthroughs = (p for p in user.users if _passes_on(p, node))
+        if any(_read_outside(p, members) for p in passthroughs):
+            return True
+    return False
+
+
+def _passes_on(getitem: torch.fx.Node, operand: torch.fx.Node) -> bool:
+    """Whether ``getitem`` is the passthrough of ``operand`` itself (one step, not a chain)."""
+    index = getitem.args[1] if getitem.target is operator.getitem else None
+    owner = getitem.args[0]
+    return (
+        isinstance(index, int)
+        and index > 0
+        and isinstance(owner, torch.fx.Node)
+        and owner.args[1 + index] is operand
+    )
 
 
 def syncs_in_subgraphs(gm: torch.fx.GraphModule, region: Region) -> Iterator[tuple[str, str]]:
