@@ -164,6 +164,21 @@ def test_autograd_grad() -> None:
     torch.testing.assert_close(gw, want[1])
 
 
+def test_a_backward_node_applied_directly_uses_its_own_call() -> None:
+    """``out.grad_fn.apply(grad)`` runs the node without the autograd engine, so no node is
+    current: lookups found no binding ("outside any compiled call"; helper-33)."""
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    (xa, wa), (xb, wb) = leaves(8), leaves(9)
+    out_a, bind_a = forward(compiled, xa, wa)
+    _, bind_b = forward(compiled, xb, wb)
+    gx, gw = out_a.grad_fn.apply(torch.ones(()))[:2]
+    assert recorded(backward_events(bind_a)) > 0
+    assert recorded(backward_events(bind_b)) == 0
+    want = eager_grads(two_streams, xa, wa)
+    torch.testing.assert_close(gx, want[0])
+    torch.testing.assert_close(gw, want[1])
+
+
 def test_live_objects_stay_bounded_over_10000_training_steps() -> None:
     compiled = torch.compile(two_streams, backend=BACKEND)
     x, w = leaves(7)

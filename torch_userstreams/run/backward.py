@@ -6,7 +6,8 @@ checkpointing) make Python nodes of their own. After a forward call that made au
 nodes (reached from its outputs, or from an input it mutated in place), we store the
 call's binding on every Python node the call made; while such a node
 runs, the autograd engine reports it as the thread's current node, which is where
-``lookup`` finds the binding — whatever thread runs the backward, with no state to clean
+``lookup`` finds the binding (a node whose ``apply`` the user calls directly is found on the
+thread's stack instead) — whatever thread runs the backward, with no state to clean
 up if it fails. The nodes hold the binding, so the objects of the call (its inputs
 included) live exactly as long as its autograd graph, as in eager.
 
@@ -18,6 +19,7 @@ its compiled node.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,7 +65,26 @@ def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
 def backward_binding() -> Binding | None:
     """The binding of the forward call whose backward node runs now on this thread."""
     node = _current_autograd_node()
-    return None if node is None else getattr(node, BINDING_ATTR, None)
+    if node is not None:
+        return getattr(node, BINDING_ATTR, None)
+    return _applied_node_binding()
+
+
+_APPLY = BackwardCFunction.apply.__code__
+
+
+def _applied_node_binding() -> Binding | None:
+    """The binding of a node whose ``apply`` this thread called itself
+    (``out.grad_fn.apply(grad)``): the autograd engine did not run it, so it is not the
+    current node, but it is ``self`` in a frame of ``BackwardCFunction.apply``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _APPLY:
+            binding = getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
+            if binding is not None:
+                return binding  # type: ignore[no-any-return]
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def attach(binding: Binding, out: Any, first: int, last: int) -> bool:
