@@ -712,3 +712,26 @@ def test_a_strict_export_module_names_the_annotations_it_kept() -> None:
     torch._dynamo.reset()
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(exported, backend="userstreams")(x), model(x))
+
+
+def record_a_passed_event(x: torch.Tensor, side: torch.Stream, ev: torch.Event) -> torch.Tensor:
+    with side:
+        y = x * 2
+    ev.record(side)
+    ev.wait()
+    return y
+
+
+def test_a_native_cpu_event_passed_in_is_named_with_the_fix() -> None:
+    """torch said only "cpu backend doesn't support events" (helper-35); eager code fails
+    the same way, so the error says what stands in for the event."""
+    torch_userstreams.install()
+    compiled = torch.compile(record_a_passed_event, backend="userstreams_aot_eager")
+    with pytest.raises(UserObjectError) as exc:
+        compiled(torch.ones(2), SimStream(device="cpu"), torch.Event(device="cpu"))
+    message = str(exc.value)
+    assert "in graph record_a_passed_event [0/0], user object" in message
+    assert "(L['ev']) is a native CPU torch.Event" in message
+    assert "torch_userstreams.simulator.SimEvent(device='cpu')" in message
+    got = compiled(torch.ones(2), SimStream(device="cpu"), SimEvent(device="cpu"))
+    torch.testing.assert_close(got, torch.full((2,), 2.0))

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import UnsupportedPathError, UserObjectError
 from ..fx.ops import op_name
+from ..simulator import SimEvent
 from .backward import backward_binding
 from .binding import graph_of
 from .lookup import lookup
@@ -86,8 +87,7 @@ _KINDS: dict[Callable[..., None], tuple[type | None, ...]] = {
 
 def misuse(call: Callable[..., Any], args: tuple[Any, ...], stream: int | None) -> str | None:
     """Why a step failed, if it named a user object of the wrong kind: a stream annotation
-    on an event, or a sync given a stream where it takes an event (or the reverse). Only
-    asked after a step raised, so the per-call path pays nothing for it."""
+    on an event, or a sync given a stream where it takes an event (or the reverse)."""
     if stream is not None and not isinstance(lookup(stream), torch.Stream):
         return f"a node runs on user object {stream} ({_kind(stream)}), which is not a stream"
     for position, (arg, kind) in enumerate(zip(args, _KINDS.get(call, ()), strict=False)):
@@ -101,19 +101,63 @@ def misuse(call: Callable[..., Any], args: tuple[Any, ...], stream: int | None) 
     return None
 
 
+def diagnose(
+    call: Callable[..., Any], args: tuple[Any, ...], stream: int | None, exc: Exception
+) -> UserObjectError | None:
+    """What the package can say about a step that raised ``exc`` and torch could not: a
+    user object of the wrong kind, or a native CPU event. None: re-raise ``exc``. Only asked
+    after a step raised, so the per-call path pays nothing for it."""
+    if isinstance(exc, RuntimeError):
+        return native_cpu_event(call, args)
+    problem = misuse(call, args, stream)
+    return None if problem is None else misuse_error(problem)
+
+
+def native_cpu_event(call: Callable[..., Any], args: tuple[Any, ...]) -> UserObjectError | None:
+    """The error for a sync on a native CPU ``torch.Event`` (torch refuses with only "cpu
+    backend doesn't support events"), or None."""
+    for arg, kind in zip(args, _KINDS.get(call, ()), strict=False):
+        if kind is torch.Event and type(arg) is int and _is_native_cpu_event(lookup(arg)):
+            return UserObjectError(
+                f"torch_userstreams: in graph {_graph_name()}, user object {arg} "
+                f"({_origin(arg)}) is a native CPU torch.Event, which cannot record or be "
+                'waited on (torch: "cpu backend doesn\'t support events"), eagerly or '
+                "compiled. Pass torch_userstreams.simulator.SimEvent(device='cpu') in its "
+                "place, or create the event inside the compiled function, where the "
+                "prologue builds a simulated one."
+            )
+    return None
+
+
+def _is_native_cpu_event(obj: Any) -> bool:
+    return (
+        isinstance(obj, torch.Event) and not isinstance(obj, SimEvent) and obj.device.type == "cpu"
+    )
+
+
 def _kind(index: int) -> str:
     return f"a {type(lookup(index)).__name__}"
 
 
 def misuse_error(problem: str) -> UserObjectError:
     """``problem`` (from ``misuse``) as the error, naming the graph whose call raised it."""
-    binding = state.calls.current or backward_binding()
-    graph = "?" if binding is None else graph_of(binding).table.graph_name
     return UserObjectError(
-        f"torch_userstreams: in graph {graph}, {problem}. A backend that writes stream "
+        f"torch_userstreams: in graph {_graph_name()}, {problem}. A backend that writes stream "
         "annotations or sync ops must give stream indices from new_stream() or "
         "current_stream() and event indices from new_event()."
     )
+
+
+def _graph_name() -> str:
+    """The graph whose call (or backward) runs on this thread."""
+    binding = state.calls.current or backward_binding()
+    return "?" if binding is None else graph_of(binding).table.graph_name
+
+
+def _origin(index: int) -> str:
+    """Where the graph's object ``index`` comes from (``L['ev']``), as the table says."""
+    binding = state.calls.current or backward_binding()
+    return "?" if binding is None else graph_of(binding).table.entries[index].origin
 
 
 def issuer(target: Any) -> Callable[..., None]:

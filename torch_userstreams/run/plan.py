@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .issue_syncs import misuse, misuse_error
+from .issue_syncs import diagnose
 from .lookup import lookup
 
 
@@ -93,11 +93,11 @@ class Program:
                         values[slot] = value
                 for slot in step.frees:
                     values[slot] = None
-        except (AttributeError, TypeError) as exc:
-            problem = None if step is None else misuse(step.call, step.args, step.stream)
-            if problem is None:
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            error = None if step is None else diagnose(step.call, step.args, step.stream, exc)
+            if error is None:
                 raise
-            raise misuse_error(problem) from exc
+            raise error from exc
         return load(self.output, values)
 
     def boxed(self) -> Callable[[list[Any]], Any]:
