@@ -92,6 +92,20 @@ def test_compile_time_api_outside_a_compile_raises() -> None:
             call()
 
 
+def test_a_request_from_the_compiled_function_points_to_torch_objects() -> None:
+    """Dynamo runs the call eagerly after a graph break, outside the compile; the user
+    meant an event of the function's own (helper-35)."""
+
+    def makes_an_index(x: torch.Tensor) -> torch.Tensor:
+        torch_userstreams.new_event(device="cpu")
+        return x + 1
+
+    compiled = torch.compile(makes_an_index, backend="userstreams_aot_eager")
+    with pytest.raises(NotCompilingError, match="outside a compile") as exc:
+        compiled(torch.ones(1))
+    assert "The function you compile makes its own objects with torch.Stream(...)" in str(exc.value)
+
+
 def test_a_request_from_a_lazily_compiled_backward_says_where_to_make_it() -> None:
     from torch._dynamo.backends.common import aot_autograd
 

@@ -278,7 +278,9 @@ def active(api_name: str) -> GraphCompile:
     raise NotCompilingError(
         f"torch_userstreams.{api_name}() was called outside a compile. It requests an "
         "object for the graph being compiled, so call it from a backend (or a pass it runs) "
-        "while torch.compile is compiling, with torch_userstreams installed."
+        "while torch.compile is compiling, with torch_userstreams installed. (The function "
+        "you compile makes its own objects with torch.Stream(...), torch.Event(...) and "
+        "torch.accelerator.current_stream(): Dynamo puts them in the graph's table.)"
         + _lazy_backward_hint()
     )
 
