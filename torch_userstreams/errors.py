@@ -43,7 +43,7 @@ def compiled_autograd_hint() -> str:
     if not active:
         return ""
     return (
-        " Compiled autograd is on: it retraces the backward without the forward call's "
-        "user objects, which torch_userstreams does not support. Run the backward of "
-        "stream graphs without compiled autograd."
+        " Compiled autograd is on: it retraces the backward as a graph of its own, which "
+        "torch_userstreams does not bind to user objects (the forward call's, or those a "
+        "backward hook makes). Run the backward of stream code without compiled autograd."
     )
