@@ -714,7 +714,7 @@ def test_a_strict_export_module_names_the_annotations_it_kept() -> None:
         torch.testing.assert_close(torch.compile(exported, backend="userstreams")(x), model(x))
 
 
-def record_a_passed_event(x: torch.Tensor, side: torch.Stream, ev: torch.Event) -> torch.Tensor:
+def record_a_passed_event(x: torch.Tensor, side: torch.Stream, ev: Any) -> torch.Tensor:
     with side:
         y = x * 2
     ev.record(side)
@@ -722,16 +722,44 @@ def record_a_passed_event(x: torch.Tensor, side: torch.Stream, ev: torch.Event) 
     return y
 
 
-def test_a_native_cpu_event_passed_in_is_named_with_the_fix() -> None:
-    """torch said only "cpu backend doesn't support events" (helper-35); eager code fails
-    the same way, so the error says what stands in for the event."""
+def join_a_passed_stream(x: torch.Tensor, side: torch.Stream, main: Any) -> torch.Tensor:
+    with side:
+        y = x * 2
+    main.wait_stream(side)
+    return y
+
+
+@pytest.mark.parametrize(
+    ("fn", "native", "simulated", "named"),
+    [
+        (record_a_passed_event, torch.Event, SimEvent, "(L['ev']) is a native CPU torch.Event"),
+        (join_a_passed_stream, torch.Stream, SimStream, "(L['main']) is a native CPU torch.Stream"),
+    ],
+)
+def test_a_native_cpu_object_passed_in_is_named_with_the_fix(
+    fn: Callable[..., torch.Tensor], native: type, simulated: type, named: str
+) -> None:
+    """torch said only "cpu backend doesn't support events" (helper-35, helper-36); eager
+    code fails the same way, so the error says what stands in for the object."""
     torch_userstreams.install()
-    compiled = torch.compile(record_a_passed_event, backend="userstreams_aot_eager")
+    compiled = torch.compile(fn, backend="userstreams_aot_eager")
     with pytest.raises(UserObjectError) as exc:
-        compiled(torch.ones(2), SimStream(device="cpu"), torch.Event(device="cpu"))
+        compiled(torch.ones(2), SimStream(device="cpu"), native(device="cpu"))
     message = str(exc.value)
-    assert "in graph record_a_passed_event [0/0], user object" in message
-    assert "(L['ev']) is a native CPU torch.Event" in message
-    assert "torch_userstreams.simulator.SimEvent(device='cpu')" in message
-    got = compiled(torch.ones(2), SimStream(device="cpu"), SimEvent(device="cpu"))
+    assert f"in graph {fn.__name__} [0/0], user object" in message
+    assert named in message
+    assert f"torch_userstreams.simulator.{simulated.__name__}(device='cpu')" in message
+    got = compiled(torch.ones(2), SimStream(device="cpu"), simulated(device="cpu"))
     torch.testing.assert_close(got, torch.full((2,), 2.0))
+
+
+def test_a_sync_steps_own_lookup_error_is_raised_once() -> None:
+    """The package's errors are RuntimeErrors too: the diagnosis of a failed step looked the
+    same index up again and raised a second error while handling the first (helper-36)."""
+    from torch_userstreams.run.issue_syncs import ISSUERS
+    from torch_userstreams.run.plan import Program, Step
+
+    program = Program(1, [0], [Step(ISSUERS["record_event"], (0, 1))], None)
+    with pytest.raises(UserObjectError, match="outside any compiled call") as exc:
+        program.run([None])
+    assert exc.value.__context__ is None

@@ -252,9 +252,9 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
 def _read_outside(node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
     """Whether a node outside ``members`` reads ``node``'s value, directly or through a
     passthrough. A ``control_deps`` that only lists ``node`` among what its sync follows
-    reads nothing: the region is issued before the sync anyway. Returning such values kept
-    each one alive to the end of the graph, and made Inductor rewrite a region's scatter
-    chain into a form its reinplace pass fails on with symbolic sizes."""
+    reads nothing: the region is issued before the sync anyway. Returning such values made
+    Inductor keep a buffer for each, and rewrite a region's scatter chain into a form its
+    reinplace pass fails on with symbolic sizes."""
     for user in node.users:
         if user in members:
             continue
@@ -266,10 +266,12 @@ def _read_outside(node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
     return False
 
 
-def _passes_on(getitem: torch.fx.Node, operand: torch.fx.Node) -> bool:
-    """Whether ``getitem`` is the passthrough of ``operand`` itself (one step, not a chain)."""
-    index = getitem.args[1] if getitem.target is operator.getitem else None
-    owner = getitem.args[0]
+def _passes_on(reader: torch.fx.Node, operand: torch.fx.Node) -> bool:
+    """Whether ``reader`` (a user of a ``control_deps``) is the passthrough of ``operand``
+    itself: one step, not a chain."""
+    if reader.target is not operator.getitem:
+        return False
+    owner, index = reader.args[0], reader.args[1]
     return (
         isinstance(index, int)
         and index > 0

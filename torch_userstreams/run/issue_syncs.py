@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedPathError, UserObjectError
+from ..errors import UnsupportedPathError, UserObjectError, UserStreamsError
 from ..fx.ops import op_name
-from ..simulator import SimEvent
+from ..simulator import SimEvent, SimStream
 from .backward import backward_binding
 from .binding import graph_of
 from .lookup import lookup
@@ -105,34 +105,39 @@ def diagnose(
     call: Callable[..., Any], args: tuple[Any, ...], stream: int | None, exc: Exception
 ) -> UserObjectError | None:
     """What the package can say about a step that raised ``exc`` and torch could not: a
-    user object of the wrong kind, or a native CPU event. None: re-raise ``exc``. Only asked
-    after a step raised, so the per-call path pays nothing for it."""
+    user object of the wrong kind, or a native CPU object. None: re-raise ``exc`` (the
+    package's own errors say it already). Only asked after a step raised, so the per-call
+    path pays nothing for it."""
+    if isinstance(exc, UserStreamsError):
+        return None
     if isinstance(exc, RuntimeError):
-        return native_cpu_event(call, args)
+        return native_cpu_object(call, args)
     problem = misuse(call, args, stream)
     return None if problem is None else misuse_error(problem)
 
 
-def native_cpu_event(call: Callable[..., Any], args: tuple[Any, ...]) -> UserObjectError | None:
-    """The error for a sync on a native CPU ``torch.Event`` (torch refuses with only "cpu
-    backend doesn't support events"), or None."""
+def native_cpu_object(call: Callable[..., Any], args: tuple[Any, ...]) -> UserObjectError | None:
+    """The error for a sync on a native CPU ``torch.Event`` or ``torch.Stream`` (torch
+    refuses with only "cpu backend doesn't support events"), or None."""
     for arg, kind in zip(args, _KINDS.get(call, ()), strict=False):
-        if kind is torch.Event and type(arg) is int and _is_native_cpu_event(lookup(arg)):
-            return UserObjectError(
-                f"torch_userstreams: in graph {_graph_name()}, user object {arg} "
-                f"({_origin(arg)}) is a native CPU torch.Event, which cannot record or be "
-                'waited on (torch: "cpu backend doesn\'t support events"), eagerly or '
-                "compiled. Pass torch_userstreams.simulator.SimEvent(device='cpu') in its "
-                "place, or create the event inside the compiled function, where the "
-                "prologue builds a simulated one."
-            )
+        if kind is None or type(arg) is not int:
+            continue
+        obj = lookup(arg)
+        if isinstance(obj, (SimEvent, SimStream)) or getattr(obj, "device", None) != _CPU:
+            continue
+        stand_in = "SimEvent" if kind is torch.Event else "SimStream"
+        return UserObjectError(
+            f"torch_userstreams: in graph {_graph_name()}, user object {arg} "
+            f"({_origin(arg)}) is a native CPU torch.{kind.__name__}, on which torch refuses "
+            'syncs ("cpu backend doesn\'t support events"), eagerly or compiled. On CPU, '
+            f"pass torch_userstreams.simulator.{stand_in}(device='cpu') in its place, or "
+            "create it inside the compiled function, where the prologue builds a simulated "
+            "one; next to accelerator streams, pass an object of their device."
+        )
     return None
 
 
-def _is_native_cpu_event(obj: Any) -> bool:
-    return (
-        isinstance(obj, torch.Event) and not isinstance(obj, SimEvent) and obj.device.type == "cpu"
-    )
+_CPU = torch.device("cpu")
 
 
 def _kind(index: int) -> str:
