@@ -179,6 +179,23 @@ def test_a_backward_node_applied_directly_uses_its_own_call() -> None:
     torch.testing.assert_close(gw, want[1])
 
 
+def test_a_node_applied_from_another_nodes_hook_uses_its_own_call() -> None:
+    """The engine's current node is A's while its hook applies B's node: B's backward used
+    A's objects (helper-36)."""
+    compiled = torch.compile(two_streams, backend=BACKEND)
+    (xa, wa), (xb, wb) = leaves(10), leaves(11)
+    out_a, bind_a = forward(compiled, xa, wa)
+    out_b, bind_b = forward(compiled, xb, wb)
+    applied = []
+    out_a.register_hook(lambda grad: applied.append(out_b.grad_fn.apply(torch.ones(()))))
+    out_a.backward()
+    assert recorded(backward_events(bind_a)) == recorded(backward_events(bind_b)) > 0
+    gx, gw = applied[0][:2]
+    want = eager_grads(two_streams, xb, wb)
+    torch.testing.assert_close(gx, want[0])
+    torch.testing.assert_close(gw, want[1])
+
+
 def test_live_objects_stay_bounded_over_10000_training_steps() -> None:
     compiled = torch.compile(two_streams, backend=BACKEND)
     x, w = leaves(7)

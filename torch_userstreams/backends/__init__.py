@@ -130,9 +130,9 @@ def userstreams_aot_eager_backend(
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
-    from .executor import compile_with_streams
+    from .executor import compile_backward_with_streams, compile_with_streams
 
-    backend = aot_with_executor(compile_with_streams, compile_with_streams)
+    backend = aot_with_executor(compile_with_streams, compile_backward_with_streams)
     return backend(gm, example_inputs)
 
 

@@ -84,5 +84,14 @@ def node_program(gm: torch.fx.GraphModule) -> Program:
 
 
 def compile_with_streams(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-    """An AOTAutograd forward/backward compiler: a boxed callable over the graph's steps."""
+    """An AOTAutograd forward (or inference) compiler: a boxed callable over the graph's
+    steps."""
     return node_program(gm).boxed()
+
+
+def compile_backward_with_streams(
+    gm: torch.fx.GraphModule, example_inputs: Any
+) -> Callable[..., Any]:
+    """An AOTAutograd backward compiler: as ``compile_with_streams``, run with the binding
+    of the node that runs it."""
+    return node_program(gm).boxed(backward=True)

@@ -113,7 +113,7 @@ class StreamRegionsCompiler:
         program = Program(
             len(slots), [slots[n] for n in placeholders], steps, _refs(output.args[0], slots)
         )
-        return program.boxed()
+        return program.boxed(backward=bool(kwargs.get("is_backward")))
 
     def _region_step(
         self,

@@ -4,12 +4,13 @@ AOTAutograd runs a compiled graph's backward as one autograd node
 (``CompiledFunctionBackward``, a Python object); higher-order ops run eagerly (``torch.cond``,
 checkpointing) make Python nodes of their own. After a forward call that made autograd
 nodes (reached from its outputs, or from an input it mutated in place), we store the
-call's binding on every Python node the call made; while such a node
-runs, the autograd engine reports it as the thread's current node, which is where
-``lookup`` finds the binding (a node whose ``apply`` the user calls directly is found on the
-thread's stack instead) — whatever thread runs the backward, with no state to clean
-up if it fails. The nodes hold the binding, so the objects of the call (its inputs
-included) live exactly as long as its autograd graph, as in eager.
+call's binding on every Python node the call made; while such a node runs, the autograd
+engine reports it as the thread's current node, which is where ``lookup`` finds the binding,
+whatever thread runs the backward, with no state to clean up if it fails. The package's own
+backward programs find theirs once per run, from the node whose ``apply`` frame runs them
+(``running_node_binding``), which is also right for a node the user applies directly. The
+nodes hold the binding, so the objects of the call (its inputs included) live exactly as
+long as its autograd graph, as in eager.
 
 Which nodes the call made: those whose autograd sequence number falls in the range the
 call used on this thread. The walk from the outputs stops at older nodes, so it never
@@ -67,22 +68,27 @@ def backward_binding() -> Binding | None:
     node = _current_autograd_node()
     if node is not None:
         return getattr(node, BINDING_ATTR, None)
-    return _applied_node_binding()
+    return running_node_binding()
 
 
-_APPLY = BackwardCFunction.apply.__code__
+# The frames a Python autograd node runs in: ``apply`` (torch 2.11, and a node the user
+# applies directly) or ``apply_boxed`` (the engine, torch 2.12+).
+_APPLY_CODES = frozenset(
+    getattr(BackwardCFunction, name).__code__
+    for name in ("apply", "apply_boxed")
+    if hasattr(BackwardCFunction, name)
+)
 
 
-def _applied_node_binding() -> Binding | None:
-    """The binding of a node whose ``apply`` this thread called itself
-    (``out.grad_fn.apply(grad)``): the autograd engine did not run it, so it is not the
-    current node, but it is ``self`` in a frame of ``BackwardCFunction.apply``."""
+def running_node_binding() -> Binding | None:
+    """The binding on the innermost autograd node whose ``apply`` frame is on this thread's
+    stack: the node that runs the caller. That is the engine's current node, except for a
+    node the user applies directly (``out.grad_fn.apply(grad)``), outside the engine or
+    from a hook the engine runs for another node."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _APPLY:
-            binding = getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
-            if binding is not None:
-                return binding  # type: ignore[no-any-return]
+        if frame.f_code in _APPLY_CODES:
+            return getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
         frame = frame.f_back  # type: ignore[assignment]
     return None
 

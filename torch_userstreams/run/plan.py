@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .backward import running_node_binding
 from .issue_syncs import diagnose
 from .lookup import lookup
+from .state import state
 
 
 @dataclass(frozen=True)
@@ -100,16 +102,41 @@ class Program:
             raise error from exc
         return load(self.output, values)
 
-    def boxed(self) -> Callable[[list[Any]], Any]:
-        """The AOTAutograd calling convention: one list argument, owned by the callee."""
+    def boxed(self, *, backward: bool = False) -> Callable[[list[Any]], Any]:
+        """The AOTAutograd calling convention: one list argument, owned by the callee. A
+        ``backward`` graph's program runs with its node's binding as the thread's current
+        one (``bound_to_running_node``)."""
 
         def run(args: list[Any]) -> Any:
             inputs = list(args)
             args.clear()
             return self.run(inputs)
 
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
+        boxed = bound_to_running_node(run) if backward else run
+        boxed._boxed_call = True  # type: ignore[attr-defined]
+        return boxed
+
+
+def bound_to_running_node(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+    """``run`` (a backward graph's) with the binding of the autograd node that runs it as
+    the thread's current binding: its lookups take the forward's fast path, and a node the
+    user applies directly, even from a hook of another node, uses its own call's objects.
+    Without a binding there (a node the package did not bind) the lookups ask the engine."""
+    thread = state
+
+    def run_backward(args: list[Any]) -> Any:
+        binding = running_node_binding()
+        if binding is None:
+            return run(args)
+        calls = thread.calls
+        outer = calls.current
+        calls.current = binding
+        try:
+            return run(args)
+        finally:
+            calls.current = outer
+
+    return run_backward
 
 
 def _with_frees(steps: list[Step], kept: set[int]) -> list[Step]:

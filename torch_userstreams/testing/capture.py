@@ -81,13 +81,13 @@ def _recording(
 
 def _aot_eager_backend(result: Capture) -> Callable[..., Any]:
     from ..backends import aot_with_executor
-    from ..backends.executor import compile_with_streams
+    from ..backends.executor import compile_backward_with_streams, compile_with_streams
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         table = _table_of_graph("userstreams_aot_eager")
         inner = aot_with_executor(  # the backend's own: the graphs it runs
             _recording(result.forward, table, compile_with_streams),
-            _recording(result.backward, table, compile_with_streams),
+            _recording(result.backward, table, compile_backward_with_streams),
         )
         return inner(gm, example_inputs)
 
