@@ -5,6 +5,8 @@ cases a hostile test pass found (on the fake accelerator; the CPU path was right
   was never launched, because nothing it made was read outside it: the mutation was lost.
 * With symbolic sizes, a region whose input had the shape ``(s0*s1,)`` could not be
   compiled: Inductor found no ``s0`` and ``s1`` of their own among its inputs.
+* A region given a symbolic size a guard had replaced (``s77``, written ``s17`` since)
+  could not compute the sizes written in ``s17``: no input bound ``s17``.
 * A region returned every value a sync after it lists, read or not; with an input updated
   through its aliased view and symbolic sizes, Inductor failed to compile the region.
 """
@@ -91,6 +93,34 @@ def test_symbolic_sizes_reach_every_region(dynamic: bool | None) -> None:
         x = torch.randn(rows, 4, requires_grad=True)
         compiled(x, FakeAcceleratorStream(), FakeAcceleratorStream()).sum().backward()
         torch.testing.assert_close(x.grad, 3 * x.detach().cos())
+
+
+def sizes_unified_by_a_guard(
+    x: torch.Tensor, y: torch.Tensor, s0: torch.Stream, s1: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    doubled = x * 2
+    with s0:
+        summed = y[1:].sum(0, keepdim=True) + y
+    with s1:
+        scanned = summed.reshape(-1, 3).cumsum(1).reshape(summed.shape)
+        s0.wait_stream(s1)
+        out = x - scanned
+    return doubled, out
+
+
+def test_a_region_binds_a_size_symbol_a_guard_replaced() -> None:
+    """``x`` and ``y`` share their batch size: the shape env writes one symbol as the other.
+    The region reshaping ``(2*s17, 3)`` back to ``(s77, 6)`` bound ``s77`` only, and
+    Inductor failed with "For 2*s17, expected [s17] to have been codegen-ed" (helper-37)."""
+    compiled = torch.compile(sizes_unified_by_a_guard, backend="userstreams")
+    for rows in (4, 7, 5):
+        x, y = torch.randn(rows, 6, requires_grad=True), torch.randn(rows, 6)
+        got = compiled(x, y, FakeAcceleratorStream(), FakeAcceleratorStream())
+        expected = sizes_unified_by_a_guard(x, y, FakeAcceleratorStream(), FakeAcceleratorStream())
+        torch.testing.assert_close(got, expected)
+        (grad,) = torch.autograd.grad(sum(o.sum() for o in got), x)
+        (expected_grad,) = torch.autograd.grad(sum(o.sum() for o in expected), x)
+        torch.testing.assert_close(grad, expected_grad)
 
 
 def positives_on_side_stream(
@@ -300,3 +330,4 @@ def test_an_aliased_input_updated_with_symbolic_sizes_compiles() -> None:
         got = compiled(a, a[1:], FakeAcceleratorStream(), main)
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(a, expected_a)
+

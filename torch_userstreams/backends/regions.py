@@ -203,6 +203,46 @@ def _size_symbols(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     ]
 
 
+def _sym_sizes(value: Any) -> list[torch.SymInt]:
+    """The symbolic sizes of a value: a tensor's sizes, strides and offset, or itself."""
+    if isinstance(value, torch.SymInt):
+        return [value]
+    if not isinstance(value, torch.Tensor):
+        return []
+    sizes = (*value.shape, *value.stride(), value.storage_offset())
+    return [size for size in sizes if isinstance(size, torch.SymInt)]
+
+
+def _size_binders(gm: torch.fx.GraphModule, inputs: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """Graph inputs that bind size symbols a region's ``inputs`` need but do not bind.
+
+    Inductor binds a symbol from a tensor input's size where it stands alone (not from
+    ``2*s17``), and from a symbolic-size input as the symbol it was made as: once a guard
+    unified two sizes the shape env writes ``s77`` as ``s17``, and a region given ``s77``
+    and a tensor of size ``2*s17`` could not be compiled. A graph input of size ``s17``
+    binds it, as it does natively."""
+    needed: set[Any] = set()
+    bound: set[Any] = set()
+    for node in inputs:
+        value = node.meta.get("val")
+        for size in _sym_sizes(value):
+            needed |= size.node.expr.free_symbols
+            if size.node.expr.is_Symbol and not isinstance(value, torch.SymInt):
+                bound.add(size.node.expr)
+        if isinstance(value, torch.SymInt) and value.node._expr.is_Symbol:
+            bound.add(value.node._expr)
+    missing = needed - bound
+    binders = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if not missing:
+            break
+        binds = {size.node.expr for size in _sym_sizes(node.meta.get("val"))} & missing
+        if binds and not isinstance(node.meta.get("val"), torch.SymInt):
+            binders.append(node)
+            missing -= binds
+    return binders
+
+
 def _values_read(nodes: list[torch.fx.Node]) -> Iterator[torch.fx.Node]:
     for node in nodes:
         yield from node.all_input_nodes
@@ -224,6 +264,16 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     inputs: list[torch.fx.Node] = []
+
+    def take(value: torch.fx.Node) -> None:
+        placeholder = graph.placeholder(value.name)
+        placeholder.meta = dict(value.meta)
+        # The node that made it binds its data-dependent sizes (``x[x > 0]``); here it is
+        # an input, whose sizes Inductor reads from the tensor.
+        placeholder.meta.pop("unbacked_bindings", None)
+        env[value] = placeholder
+        inputs.append(value)
+
     for used in (*_size_symbols(gm), *_values_read(region.nodes)):
         value = alias_of(used)
         if value in members or used in env:
@@ -233,14 +283,11 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
             env[used].meta = dict(value.meta)
             continue
         if value not in env:
-            placeholder = graph.placeholder(value.name)
-            placeholder.meta = dict(value.meta)
-            # The node that made it binds its data-dependent sizes (``x[x > 0]``); here
-            # it is an input, whose sizes Inductor reads from the tensor.
-            placeholder.meta.pop("unbacked_bindings", None)
-            env[value] = placeholder
-            inputs.append(value)
+            take(value)
         env[used] = env[value]
+    for binder in _size_binders(gm, inputs):
+        if binder not in env:
+            take(binder)
     for node in region.nodes:
         env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
     outputs = [n for n in region.nodes if _read_outside(n, members)]
