@@ -9,6 +9,8 @@ cases a hostile test pass found (on the fake accelerator; the CPU path was right
   could not compute the sizes written in ``s17``: no input bound ``s17``.
 * A region returned every value a sync after it lists, read or not; with an input updated
   through its aliased view and symbolic sizes, Inductor failed to compile the region.
+* Inductor removes a no-op (``y = x.clone()``) after the package's dealloc syncs were
+  placed: its readers read ``x`` with no sync holding ``x``'s memory for them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 import torch
 
 import torch_userstreams
+from torch_userstreams.fx.control_deps import alias_of
 from torch_userstreams.testing.capture import no_compile_caches
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,
@@ -331,3 +334,67 @@ def test_an_aliased_input_updated_with_symbolic_sizes_compiles() -> None:
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(a, expected_a)
 
+
+NO_OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "clone": torch.clone,
+    "times_ones": lambda v: v * torch.ones_like(v),
+    "cat_of_one": lambda v: torch.cat([v]),
+    "power_one": lambda v: v**1,
+}
+
+
+def no_op_between_streams(
+    no_op: Callable[[torch.Tensor], torch.Tensor], read_on_third: bool
+) -> Callable[..., tuple[torch.Tensor]]:
+    """``x * x`` on s0, a no-op of it on s2, then a read of that on s1 (or later on s2)."""
+
+    def program(
+        x: torch.Tensor, s0: torch.Stream, s1: torch.Stream, s2: torch.Stream
+    ) -> tuple[torch.Tensor]:
+        main = torch.accelerator.current_stream()
+        for stream in (s0, s1, s2):
+            stream.wait_stream(main)
+        with s0:
+            made = x * x
+        s2.wait_stream(s0)
+        with s2:
+            same = no_op(made)
+            unrelated = x + 1
+        reader = s2
+        if read_on_third:
+            s1.wait_stream(s2)
+            reader = s1
+        with reader:
+            out = (same + 1) * unrelated
+        main.wait_stream(reader)
+        return (out,)
+
+    return program
+
+
+@pytest.mark.parametrize("read_on_third", [True, False], ids=["read_on_s1", "read_later_on_s2"])
+@pytest.mark.parametrize("no_op", NO_OPS.values(), ids=NO_OPS.keys())
+def test_a_no_op_inductor_removes_keeps_its_buffer_until_the_last_read(
+    no_op: Callable[[torch.Tensor], torch.Tensor], read_on_third: bool
+) -> None:
+    """Inductor's joint-graph passes replace the no-op by ``made`` after the package's
+    dealloc syncs were placed: the read of ``made`` then ran on s1, or after the sync on s2,
+    and s0 could reuse its memory during that read (helper-37)."""
+    from torch_userstreams.testing import capture, check_stream_safety
+    from torch_userstreams.testing.checker import STREAM_DEVICES_META
+
+    program = no_op_between_streams(no_op, read_on_third)
+    x = torch.randn(4, 6)
+    streams = [FakeAcceleratorStream() for _ in range(3)]
+    captured = capture(program, x, *streams, backend="userstreams")
+    ((label, gm),) = captured.graphs
+    made = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    assert any(
+        alias_of(used) is made
+        for n in made.graph.nodes
+        if n.target is torch.ops.aten.add.Tensor
+        for used in n.all_input_nodes
+    ), "Inductor removed the no-op: ``same + 1`` reads ``made``"
+    gm.meta.pop(STREAM_DEVICES_META, None)  # judge the streams as an accelerator's
+    assert check_stream_safety(gm), label
+    torch.testing.assert_close(captured.result, program(x, *streams))

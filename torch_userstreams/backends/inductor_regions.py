@@ -45,6 +45,7 @@ from .regions import (
     syncs_in_subgraphs,
     without_streams,
 )
+from .reuse_syncs import resync_reuse
 
 log = logging.getLogger("torch_userstreams")
 
@@ -80,6 +81,9 @@ class StreamRegionsCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
+        if not self.cpu and self.table is not None and has_stream_work(gm):
+            for note in resync_reuse(gm, self.table):
+                log.debug("torch_userstreams: graph %s: %s", self.table.graph_name, note)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         if not has_stream_work(gm):

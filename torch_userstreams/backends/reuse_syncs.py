@@ -1,0 +1,183 @@
+"""Deallocation syncs that still cover their buffers after Inductor's joint-graph passes.
+
+The package's ``dealloc_syncs`` pass runs on AOTAutograd's joint graph. Inductor's own
+joint-graph passes run after it and replace a no-op by its operand (``y = x.clone()``,
+``x * ones_like(x)``, ``cat([x])``, ``x ** 1``): whatever read ``y`` now reads ``x``, on
+another stream than the one the pass synced for ``y``, or later than the sync the pass put
+right after the no-op. ``x``'s stream could then reuse its memory while that read runs.
+
+``resync_reuse`` checks each buffer a stream-partitioned graph allocates and frees against
+the dealloc syncs now in it and adds the missing ones, before the graph is split into
+regions: right after a stream's last read of the buffer, it records again the event a
+dealloc sync of the same buffer recorded on that stream, and the buffer's own stream waits
+for it holding the buffer. The event is the graph's own and no later sync uses it, so no
+object is added to the table (a backward is compiled after its forward's calls have
+loaded theirs).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from ..compile.table import UserObjectTable
+from ..errors import UnsupportedPathError
+from ..fx.control_deps import alias_of, is_passthrough, sync_of
+from ..fx.meta import device_of, record
+from ..fx.ops import made_by, op_name
+from .regions import runs_on
+
+NAME = "reuse_syncs"
+_DEALLOC_PASS = "dealloc_syncs"
+_EVENT_OPS = ("record_event", "wait_event", "sync_dealloc", "synchronize_event")
+
+
+def buffer_of(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose allocation ``node``'s memory is: through passthroughs and views."""
+    while True:
+        base = made_by(alias_of(node))
+        if base is node:
+            return node
+        node = base
+
+
+@dataclass
+class _Syncs:
+    """What a graph's syncs do, by position in it."""
+
+    records: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # event: (at, stream)
+    last_use: dict[int, int] = field(default_factory=dict)  # event: position
+    deallocs: list[tuple[int, int, int, torch.fx.Node]] = field(default_factory=list)
+
+    def add(self, at: int, name: str, args: tuple[object, ...]) -> None:
+        event = args[0] if args else None
+        if not isinstance(event, int) or name not in _EVENT_OPS:
+            return
+        self.last_use[event] = at
+        stream = args[1] if len(args) > 1 else None
+        if name == "record_event" and isinstance(stream, int):
+            self.records.setdefault(event, []).append((at, stream))
+        held = args[2] if len(args) > 2 else None
+        if name == "sync_dealloc" and isinstance(stream, int) and isinstance(held, torch.fx.Node):
+            self.deallocs.append((at, event, stream, buffer_of(held)))
+
+    def covers(self, buffer: torch.fx.Node, owner: int, reader: int, after: int) -> bool:
+        """Whether ``owner`` waits, holding ``buffer``, for an event ``reader`` records
+        after position ``after``."""
+        return any(
+            held is buffer
+            and stream == owner
+            and any(after < at < waited and on == reader for at, on in self.records.get(ev, ()))
+            for waited, ev, stream, held in self.deallocs
+        )
+
+    def event_for(self, buffer: torch.fx.Node, reader: int) -> int | None:
+        """An event a dealloc sync of ``buffer`` waited on, recorded on ``reader``."""
+        for _, ev, _, held in self.deallocs:
+            if held is buffer and any(on == reader for _, on in self.records.get(ev, ())):
+                return ev
+        return None
+
+
+@dataclass
+class _Uses:
+    """Where each buffer is made and, per stream, its last reader."""
+
+    made_on: dict[torch.fx.Node, int] = field(default_factory=dict)
+    last_read: dict[tuple[torch.fx.Node, int], torch.fx.Node] = field(default_factory=dict)
+
+    def add(self, node: torch.fx.Node, stream: int) -> None:
+        if buffer_of(node) is node and isinstance(node.meta.get("val"), torch.Tensor):
+            self.made_on[node] = stream
+        for used in node.all_input_nodes:
+            if alias_of(used) is not None:
+                self.last_read[(buffer_of(used), stream)] = node
+
+
+def _scan(gm: torch.fx.GraphModule, table: UserObjectTable) -> tuple[_Syncs, _Uses]:
+    syncs, uses = _Syncs(), _Uses()
+    for i, node in enumerate(gm.graph.nodes):
+        if node.op != "call_function" or is_passthrough(node):
+            continue
+        call = sync_of(gm, node)
+        if call is not None:
+            syncs.add(i, op_name(call.op), call.args)
+            continue
+        stream = _stream_index(node, table)
+        if stream is not None:
+            uses.add(node, stream)
+    return syncs, uses
+
+
+def resync_reuse(gm: torch.fx.GraphModule, table: UserObjectTable) -> list[str]:
+    """Add the dealloc syncs ``gm`` misses (see the module docstring); returns notes."""
+    nodes = list(gm.graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    syncs, uses = _scan(gm, table)
+    escaped = {buffer_of(n) for n in _outputs(nodes[-1]) if alias_of(n) is not None}
+    notes = []
+    for (buffer, reader), last in uses.last_read.items():
+        owner = uses.made_on.get(buffer)
+        if owner is None or owner == reader or buffer in escaped:
+            continue
+        if syncs.covers(buffer, owner, reader, position[last]):
+            continue
+        event = syncs.event_for(buffer, reader)
+        if event is None or table.entries[event].added_by != _DEALLOC_PASS:
+            raise _no_event(table, buffer, last)
+        after = nodes[max(position[last], syncs.last_use[event])]
+        notes += _insert(gm.graph, after, event, reader, owner, buffer)
+    return notes
+
+
+def _stream_index(node: torch.fx.Node, table: UserObjectTable) -> int | None:
+    """The table index of the stream ``node`` runs on (its device's current stream's
+    entry where it runs on the current stream); None if the table has none."""
+    producer = node.args[0] if node.target is operator.getitem else None
+    if isinstance(producer, torch.fx.Node) and producer.op == "call_function":
+        node = producer  # an item of a tuple is made where the tuple is
+    stream = runs_on(node)
+    if stream is not None:
+        return stream
+    entry = table.find_current_stream(device_of(node))
+    return None if entry is None else entry.index
+
+
+def _outputs(output: torch.fx.Node) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.map_arg(output.args, found.append)
+    return found
+
+
+def _insert(
+    graph: torch.fx.Graph,
+    after: torch.fx.Node,
+    event: int,
+    reader: int,
+    owner: int,
+    buffer: torch.fx.Node,
+) -> list[str]:
+    with graph.inserting_after(after):
+        recorded = graph.call_function(torch.ops.streams.record_event.default, (event, reader))
+    with graph.inserting_after(recorded):
+        waited = graph.call_function(torch.ops.streams.sync_dealloc.default, (event, owner, buffer))
+    notes = (
+        (recorded, f"again after the last read of {buffer.name} on stream {reader}"),
+        (waited, f"{buffer.name}'s stream waits before reusing its memory"),
+    )
+    return [f"{record(node, NAME, note).note} [{node.name}]" for node, note in notes]
+
+
+def _no_event(
+    table: UserObjectTable, buffer: torch.fx.Node, last: torch.fx.Node
+) -> UnsupportedPathError:
+    return UnsupportedPathError(
+        f"torch_userstreams: graph {table.graph_name}: after Inductor's graph passes, "
+        f"{last.name} reads {buffer.name} on another stream than the one that allocated it, "
+        "and no event of the graph can order the reuse of its memory after that read. "
+        "Compile this function with backend='userstreams_aot_eager', or make the value "
+        "read on the other stream a computed one rather than a copy."
+    )
