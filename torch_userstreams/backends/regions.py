@@ -223,6 +223,10 @@ def _size_binders(gm: torch.fx.GraphModule, inputs: list[torch.fx.Node]) -> list
     binds it, as it does natively."""
     needed: set[Any] = set()
     bound: set[Any] = set()
+    # ``expr`` is a size as the shape env writes it now (replacements applied), what the
+    # region's code will compute from; ``_expr`` is a symbolic-size input as it was made,
+    # the one symbol Inductor binds from it. A binder is a tensor passed for its sizes
+    # alone: it is not a read of its data, and it lives until the region runs.
     for node in inputs:
         value = node.meta.get("val")
         for size in _sym_sizes(value):

@@ -10,7 +10,9 @@ right after the no-op. ``x``'s stream could then reuse its memory while that rea
 the dealloc syncs now in it and adds the missing ones, before the graph is split into
 regions: right after a stream's last read of the buffer, it records again the event a
 dealloc sync of the same buffer recorded on that stream, and the buffer's own stream waits
-for it holding the buffer. The event is the graph's own and no later sync uses it, so no
+for it holding the buffer. The dealloc pass makes one event per sync, and the event is
+recorded again only after its last use, each record right before its wait: no pending wait
+sees the new record. The event is the graph's own and no later sync uses it, so no
 object is added to the table (a backward is compiled after its forward's calls have
 loaded theirs).
 """
@@ -75,7 +77,10 @@ class _Syncs:
         )
 
     def event_for(self, buffer: torch.fx.Node, reader: int) -> int | None:
-        """An event a dealloc sync of ``buffer`` waited on, recorded on ``reader``."""
+        """An event a dealloc sync of ``buffer`` waited on, recorded on ``reader``.
+
+        The sync may have held the removed no-op for its own stream (Inductor rewrote its
+        argument to ``buffer``): only the event is taken, the caller names the owner."""
         for _, ev, _, held in self.deallocs:
             if held is buffer and any(on == reader for _, on in self.records.get(ev, ())):
                 return ev

@@ -84,7 +84,8 @@ def running_node_binding() -> Binding | None:
     """The binding on the innermost autograd node whose ``apply`` frame is on this thread's
     stack: the node that runs the caller. That is the engine's current node, except for a
     node the user applies directly (``out.grad_fn.apply(grad)``), outside the engine or
-    from a hook the engine runs for another node."""
+    from a hook the engine runs for another node. The walk stops at the innermost apply
+    even when its node has no binding: an outer node's call is not the one running."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code in _APPLY_CODES:
