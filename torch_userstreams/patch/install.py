@@ -176,12 +176,18 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
     """Every (site, new value) to write, computed without writing anything."""
     import_lazy_modules(minor)
     writes: list[tuple[Site, Any]] = []
+    # One copy of each handler table, holding every patched entry of that table.
+    tables: dict[tuple[Any, str], dict[str, Any]] = {}
     for point in POINTS[minor]:
         resolved = resolve(point)
         new = _replacement_for(resolved)
         writes.append((Site(resolved.owner, resolved.attr, resolved.raw, point), new))
         if point.table is not None:
-            writes.append(_table_write(resolved, new))
+            key = (resolved.owner, point.table)
+            if key not in tables:
+                site, tables[key] = _table_copy(resolved)
+                writes.append((site, tables[key]))
+            tables[key][resolved.attr] = _table_entry(resolved, new)
         if point.aliases:
             for module, attr in find_aliases(resolved.native):
                 if module is resolved.owner and attr == resolved.attr:
@@ -191,15 +197,22 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
     return writes
 
 
-def _table_write(resolved: Resolved, new: Any) -> tuple[Site, Any]:
-    """The class's handler table, copied with its entry for the patched method wrapping
-    ``new`` (the entry's own type, so Dynamo calls it as it called the native one)."""
+def _table_copy(resolved: Resolved) -> tuple[Site, dict[str, Any]]:
+    """The class's handler table, copied: the copy gets the patched entries, the class
+    keeps the original for ``uninstall()``."""
     table_attr = resolved.point.table
     assert table_attr is not None
     table = vars(resolved.owner)[table_attr]
-    entry = table[resolved.attr]
-    site = Site(resolved.owner, table_attr, table, resolved.point)
-    return site, {**table, resolved.attr: type(entry)(new)}
+    return Site(resolved.owner, table_attr, table, resolved.point), dict(table)
+
+
+def _table_entry(resolved: Resolved, new: Any) -> Any:
+    """The table's entry for the patched method, wrapping ``new`` (the entry's own type, so
+    Dynamo calls it as it called the native one)."""
+    table_attr = resolved.point.table
+    assert table_attr is not None
+    entry = vars(resolved.owner)[table_attr][resolved.attr]
+    return type(entry)(new)
 
 
 def _fake_impl_writes() -> list[tuple[Site, Any]]:

@@ -180,12 +180,27 @@ _QUERY_BY_TP_METHODS = tuple(
     for cls in ("StreamVariable", "EventVariable")
 )
 
+# Stream methods called with their keyword trace as the positional call
+# (``patch.keyword_args``): up to 2.13 the call_method replacement above does it.
+_KEYWORDS_BY_TP_METHODS = tuple(
+    PatchPoint(
+        STREAMS,
+        f"StreamVariable.{method}",
+        "patch.keyword_args.wrap_tp_method",
+        ("self", "tx", "args", "kwargs"),
+        aliases=False,
+        wraps=True,
+        table="tp_methods",
+    )
+    for method in ("record_event", "wait_event", "wait_stream")
+)
+
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
     "2.11": (*_COMMON, *_QUERY_BY_CALL_METHOD),
     "2.12": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
     "2.13": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
-    "2.14": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS),
-    "2.15": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS),
+    "2.14": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS, *_KEYWORDS_BY_TP_METHODS),
+    "2.15": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS, *_KEYWORDS_BY_TP_METHODS),
 }
 LAZY_MODULES: dict[str, tuple[str, ...]] = {minor: _LAZY_MODULES for minor in SUPPORTED_MINORS}
 LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .keyword_args import positional
+
 CallMethod = Callable[..., Any]
 GRAPH_BREAK_TYPE = "torch_userstreams: query() of a stream or event"
 
@@ -56,11 +58,13 @@ def _graph_break(variable: Any, tx: Any) -> None:
 
 def wrap_call_method(native: CallMethod) -> CallMethod:
     """The replacement for ``StreamVariable.call_method`` / ``EventVariable.call_method``
-    (torch up to 2.13)."""
+    (torch up to 2.13). It also passes stream methods' keyword arguments positionally
+    (``keyword_args``), which 2.14+ gets from its own ``tp_methods`` handlers."""
 
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         if name == "query":
             _graph_break(self, tx)
+        args, kwargs = positional(self, name, args, kwargs)
         return native(self, tx, name, args, kwargs)
 
     call_method.__wrapped__ = native  # type: ignore[attr-defined]
