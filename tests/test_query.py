@@ -108,3 +108,29 @@ def test_query_under_fullgraph_is_an_error_naming_it() -> None:
         Exception, match=r"(?s)ReportingEvent\.query\(\) reports.*move query\(\) out"
     ):
         compiled(torch.ones(2), ReportingEvent(done=True))
+
+
+def query_after_making_a_stream(x: torch.Tensor, ready: torch.Event) -> torch.Tensor:
+    side = torch.Stream(device="cpu")
+    with side:
+        y = x * 2
+    if ready.query():
+        y = y + 1
+    return y.sin()
+
+
+def test_query_while_a_stream_the_function_made_is_live_says_the_rest_runs_eagerly() -> None:
+    """After the block too, Dynamo cannot carry a stream the function created across the
+    graph break: the rest of the function runs eagerly, and the break says so."""
+    compiled = torch.compile(query_after_making_a_stream, backend="userstreams")
+    x = torch.ones(2)
+    for done in (True, False):
+        expected = query_after_making_a_stream(x, ReportingEvent(done))
+        torch.testing.assert_close(compiled(x, ReportingEvent(done)), expected)
+    torch._dynamo.reset()
+    compiled = torch.compile(query_after_making_a_stream, backend="userstreams", fullgraph=True)
+    with pytest.raises(
+        Exception, match=r"(?s)holds a stream it created.*runs eagerly.*pass it in"
+    ) as raised:
+        compiled(x, ReportingEvent(True))
+    assert "`with stream:` block" not in str(raised.value)

@@ -11,8 +11,9 @@ that is an error naming ``query()``. Every other method is traced as natively.
 
 Inside a ``with stream:`` block Dynamo cannot resume after a graph break (the block is an
 annotation it cannot re-enter), so it runs the whole function eagerly: results stay right,
-nothing is compiled. The graph break's explanation says so and names the fix: query before
-the block, or after it.
+nothing is compiled. The same holds after the block while a stream the function created is
+live. The graph break's explanation says which and names the fix: query before or after the
+block; create the stream outside the function.
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ def _in_stream_block(tx: Any) -> bool:
     return any(isinstance(b.with_context, StreamContextVariable) for b in blocks)
 
 
+def _holds_created_stream(tx: Any) -> bool:
+    """Whether a stream the compiled function created is live in a traced frame: Dynamo
+    cannot carry one across a graph break, inside a ``with stream:`` block or not."""
+    from torch._dynamo.variables.streams import StreamVariable
+
+    while tx is not None:
+        values = [*getattr(tx, "symbolic_locals", {}).values(), *getattr(tx, "stack", ())]
+        if any(isinstance(v, StreamVariable) and v.source is None for v in values):
+            return True
+        tx = getattr(tx, "parent", None)
+    return False
+
+
 def _graph_break(variable: Any, tx: Any) -> None:
     from torch._dynamo.exc import unimplemented
 
@@ -53,6 +67,12 @@ def _graph_break(variable: Any, tx: Any) -> None:
             "graph break: the whole function runs eagerly, uncompiled."
         )
         hints.insert(0, "Call query() before or after the `with stream:` block.")
+    elif _holds_created_stream(tx):
+        explanation += (
+            " The function holds a stream it created, which Dynamo cannot carry across a "
+            "graph break: the rest of the function runs eagerly, uncompiled."
+        )
+        hints.insert(0, "Create the stream outside the compiled function and pass it in.")
     unimplemented(gb_type=GRAPH_BREAK_TYPE, context=call, explanation=explanation, hints=hints)
 
 
