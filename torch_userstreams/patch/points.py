@@ -167,32 +167,33 @@ _QUERY_BY_CALL_METHOD = tuple(
     )
     for cls in ("StreamVariable", "EventVariable")
 )
-_QUERY_BY_TP_METHODS = tuple(
-    PatchPoint(
-        STREAMS,
-        f"{cls}.query",
-        "patch.queries.wrap_query",
-        ("self", "tx", "args", "kwargs"),
-        aliases=False,
-        wraps=True,
-        table="tp_methods",
-    )
-    for cls in ("StreamVariable", "EventVariable")
-)
 
+
+def _handler_points(replacement: str, handlers: tuple[str, ...]) -> tuple[PatchPoint, ...]:
+    """Points for ``Class.method`` handlers that Dynamo 2.14+ dispatches through the
+    class's ``tp_methods`` table (each one's table entry is replaced too)."""
+    return tuple(
+        PatchPoint(
+            STREAMS,
+            handler,
+            replacement,
+            ("self", "tx", "args", "kwargs"),
+            aliases=False,
+            wraps=True,
+            table="tp_methods",
+        )
+        for handler in handlers
+    )
+
+
+_QUERY_BY_TP_METHODS = _handler_points(
+    "patch.queries.wrap_query", ("StreamVariable.query", "EventVariable.query")
+)
 # Stream methods called with their keyword trace as the positional call
 # (``patch.keyword_args``): up to 2.13 the call_method replacement above does it.
-_KEYWORDS_BY_TP_METHODS = tuple(
-    PatchPoint(
-        STREAMS,
-        f"StreamVariable.{method}",
-        "patch.keyword_args.wrap_tp_method",
-        ("self", "tx", "args", "kwargs"),
-        aliases=False,
-        wraps=True,
-        table="tp_methods",
-    )
-    for method in ("record_event", "wait_event", "wait_stream")
+_KEYWORDS_BY_TP_METHODS = _handler_points(
+    "patch.keyword_args.wrap_tp_method",
+    ("StreamVariable.record_event", "StreamVariable.wait_event", "StreamVariable.wait_stream"),
 )
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
