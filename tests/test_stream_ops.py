@@ -165,50 +165,51 @@ def _keyword_record_event(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -
         return y + 1
 
 
-KEYWORD_SPELLINGS = {
-    "wait_stream(stream=)": _keyword_wait_stream,
-    "wait_event(event=)": _keyword_wait_event,
-    "record_event(event=)": _keyword_record_event,
-}
-
-
 # torch 2.11's Dynamo traces ``Stream.record_event(event)`` as a plain method call, whatever
 # the spelling: the package refuses it (``compile.method_syncs``), or with a CPU event it
 # fails earlier, running the method on the example event.
 RECORD_EVENT_IS_A_CALL = minor_of(torch.__version__) == "2.11"
+# torch 2.14's Dynamo checks a call's arguments against ``torch.Stream``'s own C methods
+# whatever the stream's class (2.15 against the class's): their waits take no keyword, so
+# Dynamo breaks the graph at a keyword wait itself.
+DYNAMO_REFUSES_KEYWORD_WAITS = minor_of(torch.__version__) == "2.14"
 
 
-@pytest.mark.parametrize(
-    "spelling",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.skipif(
-                name.startswith("record_event") and RECORD_EVENT_IS_A_CALL,
-                reason="torch 2.11 traces Stream.record_event(event) as a method call in "
-                "either spelling (unsupported there)",
-            ),
-        )
-        for name in sorted(KEYWORD_SPELLINGS)
-    ],
+@pytest.mark.skipif(
+    RECORD_EVENT_IS_A_CALL,
+    reason="torch 2.11 traces Stream.record_event(event) as a method call in either "
+    "spelling (unsupported there)",
 )
-def test_stream_methods_called_with_their_keyword_sync_the_objects_passed(spelling: str) -> None:
-    """Dynamo's handlers read only positional arguments: ``record_event(event=e)`` recorded
-    an event of its own and left ``e`` unrecorded (the wait after it waited on nothing), and
-    the keyword waits failed while tracing with an IndexError."""
-    fn = KEYWORD_SPELLINGS[spelling]
+def test_record_event_with_its_keyword_records_the_event_passed() -> None:
+    """Dynamo's handler read only a positional event: ``record_event(event=e)`` recorded an
+    event of its own and left ``e`` unrecorded, so the wait on ``e`` waited on nothing."""
     s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")
     x = torch.ones(3, requires_grad=True)
+    run = capture(_keyword_record_event, x, s1, s2, backend="userstreams_aot_eager")
+    ((record, (event, on)), (wait, (waited, by))) = _user_syncs(run.forward[0])[:2]
+    assert (record, wait, waited) == ("record_event", "wait_event", event) and on != by
+    torch.testing.assert_close(run.result, x.detach() * 2 + 1)
+
+
+@pytest.mark.parametrize("fn", [_keyword_wait_stream, _keyword_wait_event])
+def test_waits_with_their_keyword_reach_the_graph_where_the_class_takes_it(
+    fn: Callable[..., torch.Tensor],
+) -> None:
+    """Up to 2.13 Dynamo's handlers read ``args[0]`` and failed with an IndexError."""
+    s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")  # Python methods: keywords ok
+    x = torch.ones(3, requires_grad=True)
+    if DYNAMO_REFUSES_KEYWORD_WAITS:
+        compiled = torch.compile(fn, backend="userstreams_aot_eager", fullgraph=True)
+        with torch_userstreams.installed(), pytest.raises(torch._dynamo.exc.Unsupported):
+            compiled(x, s1, s2)
+        return
     run = capture(fn, x, s1, s2, backend="userstreams_aot_eager")
-    (forward,) = run.forward
-    syncs = [(s.name, s.args) for s in read_graph(forward, {}).steps if isinstance(s, Sync)]
-    # The user's syncs come first; the dealloc syncs of the passes follow.
-    if spelling == "wait_stream(stream=)":
-        ((name, (waiting, waited_on)),) = syncs[:1]
-        assert name == "wait_stream" and waiting != waited_on
-    else:  # the event recorded on s1 is the one s2 waits for
-        ((record, (event, on)), (wait, (waited, by))) = syncs[:2]
-        assert (record, wait, waited) == ("record_event", "wait_event", event) and on != by
+    waits = [
+        args
+        for name, args in _user_syncs(run.forward[0])
+        if name == fn.__name__.removeprefix("_keyword_")
+    ]
+    assert len(waits) == 1 and len(set(waits[0])) == 2, run.forward[0].graph
     torch.testing.assert_close(run.result, x.detach() * 2 + 1)
     torch._dynamo.reset()
     with torch_userstreams.installed():
@@ -216,16 +217,27 @@ def test_stream_methods_called_with_their_keyword_sync_the_objects_passed(spelli
     torch.testing.assert_close(out, x.detach() * 2 + 1)
 
 
-def test_a_stream_method_called_with_arguments_eager_refuses_names_them() -> None:
+def _user_syncs(gm: torch.fx.GraphModule) -> list[tuple[str, tuple]]:
+    return [(s.name, s.args) for s in read_graph(gm, {}).steps if isinstance(s, Sync)]
+
+
+@pytest.mark.parametrize(
+    ("stream_class", "keyword"),
+    [(torch.Stream, "stream"), (SimStream, "other")],
+    ids=["torch.Stream takes no keyword", "unknown keyword"],
+)
+def test_a_stream_method_called_with_keywords_eager_refuses_raises_eagers_error(
+    stream_class: type, keyword: str
+) -> None:
     def fn(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -> torch.Tensor:
-        s2.wait_stream(other=s1)
+        s2.wait_stream(**{keyword: s1})
         return x + 1
 
-    s1, s2 = SimStream(device="cpu"), SimStream(device="cpu")
+    s1, s2 = stream_class(device="cpu"), stream_class(device="cpu")
+    with pytest.raises(TypeError, match="keyword") as eager:
+        fn(torch.ones(2), s1, s2)
     with torch_userstreams.installed():
-        with pytest.raises(TypeError, match="other"):  # the graph breaks: eager's error
-            torch.compile(fn, backend="userstreams_aot_eager")(torch.ones(2), s1, s2)
-        torch._dynamo.reset()
-        compiled = torch.compile(fn, backend="userstreams_aot_eager", fullgraph=True)
-        with pytest.raises(torch._dynamo.exc.Unsupported, match=r"takes one argument, 'stream'"):
+        compiled = torch.compile(fn, backend="userstreams_aot_eager")
+        with pytest.raises(TypeError) as raised:  # the graph breaks: eager's own error
             compiled(torch.ones(2), s1, s2)
+    assert str(raised.value) == str(eager.value)

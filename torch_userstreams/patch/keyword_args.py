@@ -1,23 +1,28 @@
 """``stream.record_event(event=e)``, ``wait_event(event=e)``, ``wait_stream(stream=s)``
-trace as their positional spelling.
+trace as their positional spelling, where the stream's class takes the keyword.
 
-Dynamo's handlers for these ``torch.Stream`` methods read only the positional argument:
-with the keyword, ``record_event`` recorded a new event of its own and left ``e``
-unrecorded, so a later ``e.wait()`` waited on nothing (a race on a GPU, silently), and the
-two waits failed while tracing with an ``IndexError``. Eager accepts the keyword, so the
-call is rewritten to the positional form before the native handler sees it. Arguments
-eager would refuse (an unknown keyword, the argument twice) break the graph instead, so the
-call runs in Python and raises eager's own ``TypeError``.
+Dynamo's handlers for these stream methods read only the positional argument: with the
+keyword, ``record_event`` recorded a new event of its own and left ``e`` unrecorded, so a
+later wait on ``e`` waited on nothing (a race on a GPU, silently), and the two waits failed
+while tracing with an ``IndexError``. Which keywords eager accepts depends on the class:
+``torch.cuda.Stream`` and other Python subclasses take them, ``torch.Stream``'s own methods
+take none for the waits. So a call is rewritten to the positional form only when the
+receiver's method declares the parameter by name; any other call with keywords breaks the
+graph and runs in Python, as in eager (its ``TypeError`` included). torch 2.14 checks the
+arguments against ``torch.Stream``'s own methods, whatever the class, before the handler
+runs, and breaks the graph itself at a keyword wait.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 # The parameter each stream method takes, by name (``torch.Stream``'s own signatures).
 PARAMETER = {"record_event": "event", "wait_event": "event", "wait_stream": "stream"}
-GRAPH_BREAK_TYPE = "torch_userstreams: stream method called with unexpected arguments"
+GRAPH_BREAK_TYPE = "torch_userstreams: stream method called with keyword arguments"
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 TpMethod = Callable[[Any, Any, Any, Any], Any]
 
@@ -27,9 +32,20 @@ def positional(variable: Any, name: str, args: Any, kwargs: Any) -> tuple[Any, A
     param = PARAMETER.get(name)
     if param is None or not kwargs:
         return args, kwargs
-    if set(kwargs) == {param} and not args:
+    if set(kwargs) == {param} and not args and _takes_by_name(variable.value, name, param):
         return [kwargs[param]], {}
     _graph_break(variable, name, param)
+
+
+def _takes_by_name(value: Any, name: str, param: str) -> bool:
+    """Whether ``type(value).name`` declares ``param`` as a keyword (a builtin without a
+    signature, such as ``torch.Stream``'s own methods, is left to eager to decide)."""
+    try:
+        signature = inspect.signature(getattr(type(value), name))
+    except (TypeError, ValueError):
+        return False
+    parameter = signature.parameters.get(param)
+    return parameter is not None and parameter.kind in _BY_NAME
 
 
 def _graph_break(variable: Any, name: str, param: str) -> NoReturn:
@@ -40,11 +56,11 @@ def _graph_break(variable: Any, name: str, param: str) -> NoReturn:
         gb_type=GRAPH_BREAK_TYPE,
         context=call,
         explanation=(
-            f"{call} takes one argument, {param!r}; this call passes other arguments, which "
-            "eager refuses. torch_userstreams runs it outside the graph, where it raises "
-            "eager's error."
+            f"{call} is called with keyword arguments its class does not declare (it takes "
+            f"{param!r}), which Dynamo's handler would drop. torch_userstreams runs the call "
+            "outside the graph, as in eager."
         ),
-        hints=[f"Call it as {name}({param}) or {name}({param}={param})."],
+        hints=[f"Call it as {name}({param}), positionally."],
     )
 
 
