@@ -53,6 +53,23 @@ def test_install_then_uninstall_restores_every_attribute_identically() -> None:
         assert after[key] is value, key
 
 
+def test_every_patched_handler_table_entry_is_in_the_installed_table() -> None:
+    """Several points may patch one class's handler table (Dynamo's ``tp_methods``, torch
+    2.14+): the table is written once, holding every patched entry."""
+    writes = patching.plan(MINOR)
+    slots = [(id(site.owner), site.attr) for site, _ in writes]
+    assert len(slots) == len(set(slots)), "a slot is written twice: the last write wins"
+    torch_userstreams.install()
+    try:
+        for site, new in patching.applied_sites():
+            table = site.point.table
+            if table is not None and site.attr == site.point.qualname.split(".")[-1]:
+                entry = vars(site.owner)[table][site.attr]
+                assert entry.handler is new, site.where
+    finally:
+        torch_userstreams.uninstall()
+
+
 def test_every_alias_of_a_native_function_is_patched() -> None:
     natives = {
         site.point.name: site.original for site, _ in patching.plan(MINOR) if site.point.aliases

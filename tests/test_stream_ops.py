@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import torch_userstreams
 from torch_userstreams.fx.ops import native_op
 from torch_userstreams.patch import fakes
+from torch_userstreams.patch.keyword_args import PARAMETER, takes_by_name
 from torch_userstreams.patch.points import minor_of
 from torch_userstreams.run.own_ops import no_effect_fake, sync_op
 from torch_userstreams.simulator import SimStream
@@ -169,9 +170,10 @@ def _keyword_record_event(x: torch.Tensor, s1: torch.Stream, s2: torch.Stream) -
 # the spelling: the package refuses it (``compile.method_syncs``), or with a CPU event it
 # fails earlier, running the method on the example event.
 RECORD_EVENT_IS_A_CALL = minor_of(torch.__version__) == "2.11"
-# torch 2.14's Dynamo checks a call's arguments against ``torch.Stream``'s own C methods
-# whatever the stream's class (2.15 against the class's): their waits take no keyword, so
-# Dynamo breaks the graph at a keyword wait itself.
+# torch 2.14's Dynamo checks the arguments of a call on a ``torch.Stream`` or a Python
+# subclass of it (not a CUDA or XPU stream) against ``torch.Stream``'s own C methods (2.15
+# against the class's): their waits take no keyword, so Dynamo breaks the graph at a
+# keyword wait itself, and on 2.14 this test pins only that.
 DYNAMO_REFUSES_KEYWORD_WAITS = minor_of(torch.__version__) == "2.14"
 
 
@@ -241,3 +243,19 @@ def test_a_stream_method_called_with_keywords_eager_refuses_raises_eagers_error(
         with pytest.raises(TypeError) as raised:  # the graph breaks: eager's own error
             compiled(torch.ones(2), s1, s2)
     assert str(raised.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETER))
+def test_the_keywords_rewritten_for_torch_stream_are_those_eager_parses(name: str) -> None:
+    """``torch.Stream``'s own methods have no signature to read: the package's table of the
+    keywords they take must agree with eager's argument parsing."""
+    stream, other = torch.Stream(device="cpu"), torch.Stream(device="cpu")
+    argument = other if PARAMETER[name] == "stream" else torch.Event(device="cpu")
+    try:
+        getattr(stream, name)(**{PARAMETER[name]: argument})
+        parses = True
+    except TypeError:
+        parses = False
+    except RuntimeError:  # parsed, then refused: CPU events cannot record or be waited on
+        parses = True
+    assert takes_by_name(stream, name, PARAMETER[name]) == parses

@@ -198,8 +198,8 @@ def plan(minor: str) -> list[tuple[Site, Any]]:
 
 
 def _table_copy(resolved: Resolved) -> tuple[Site, dict[str, Any]]:
-    """The class's handler table, copied: the copy gets the patched entries, the class
-    keeps the original for ``uninstall()``."""
+    """A copy of the class's handler table, which install writes to the class with the
+    patched entries in it; the site keeps the original for ``uninstall()``."""
     table_attr = resolved.point.table
     assert table_attr is not None
     table = vars(resolved.owner)[table_attr]

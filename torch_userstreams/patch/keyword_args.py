@@ -6,11 +6,12 @@ keyword, ``record_event`` recorded a new event of its own and left ``e`` unrecor
 later wait on ``e`` waited on nothing (a race on a GPU, silently), and the two waits failed
 while tracing with an ``IndexError``. Which keywords eager accepts depends on the class:
 ``torch.cuda.Stream`` and other Python subclasses take them, ``torch.Stream``'s own methods
-take none for the waits. So a call is rewritten to the positional form only when the
-receiver's method declares the parameter by name; any other call with keywords breaks the
-graph and runs in Python, as in eager (its ``TypeError`` included). torch 2.14 checks the
-arguments against ``torch.Stream``'s own methods, whatever the class, before the handler
-runs, and breaks the graph itself at a keyword wait.
+take one for ``record_event`` and none for the waits. So a call is rewritten to the
+positional form only when the receiver's method takes the parameter by name; any other call
+with keywords breaks the graph and runs in Python, as in eager (its ``TypeError`` included).
+torch 2.14 checks the arguments of a ``torch.Stream`` or a Python subclass of it (not a CUDA
+or XPU stream) against ``torch.Stream``'s own methods before the handler runs, and breaks
+the graph itself at a keyword wait.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import inspect
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import torch
+
 # The parameter each stream method takes, by name (``torch.Stream``'s own signatures).
 PARAMETER = {"record_event": "event", "wait_event": "event", "wait_stream": "stream"}
 GRAPH_BREAK_TYPE = "torch_userstreams: stream method called with keyword arguments"
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+# The methods of ``torch.Stream`` itself (C, no signature) that take their argument by name.
+_TORCH_STREAM_KEYWORDS = frozenset({"record_event"})
 
 TpMethod = Callable[[Any, Any, Any, Any], Any]
 
@@ -32,16 +37,20 @@ def positional(variable: Any, name: str, args: Any, kwargs: Any) -> tuple[Any, A
     param = PARAMETER.get(name)
     if param is None or not kwargs:
         return args, kwargs
-    if set(kwargs) == {param} and not args and _takes_by_name(variable.value, name, param):
+    if set(kwargs) == {param} and not args and takes_by_name(variable.value, name, param):
         return [kwargs[param]], {}
     _graph_break(variable, name, param)
 
 
-def _takes_by_name(value: Any, name: str, param: str) -> bool:
-    """Whether ``type(value).name`` declares ``param`` as a keyword (a builtin without a
-    signature, such as ``torch.Stream``'s own methods, is left to eager to decide)."""
+def takes_by_name(value: Any, name: str, param: str) -> bool:
+    """Whether ``type(value).name`` takes ``param`` as a keyword. ``torch.Stream``'s own
+    methods have no signature to read: of them only ``record_event`` parses its argument by
+    name. Another builtin without a signature is left to eager to decide."""
+    method = getattr(type(value), name)
+    if method is getattr(torch.Stream, name):
+        return name in _TORCH_STREAM_KEYWORDS
     try:
-        signature = inspect.signature(getattr(type(value), name))
+        signature = inspect.signature(method)
     except (TypeError, ValueError):
         return False
     parameter = signature.parameters.get(param)
@@ -56,9 +65,9 @@ def _graph_break(variable: Any, name: str, param: str) -> NoReturn:
         gb_type=GRAPH_BREAK_TYPE,
         context=call,
         explanation=(
-            f"{call} is called with keyword arguments its class does not declare (it takes "
-            f"{param!r}), which Dynamo's handler would drop. torch_userstreams runs the call "
-            "outside the graph, as in eager."
+            f"{call} is called with keyword arguments its class does not take (it takes "
+            f"{param!r}), or takes in a way torch_userstreams cannot read. It runs outside "
+            "the graph, as in eager."
         ),
         hints=[f"Call it as {name}({param}), positionally."],
     )
