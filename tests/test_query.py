@@ -8,7 +8,7 @@ test pass; native Dynamo does the same).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -110,7 +110,29 @@ def test_query_under_fullgraph_is_an_error_naming_it() -> None:
         compiled(torch.ones(2), ReportingEvent(done=True))
 
 
-def query_after_making_a_stream(x: torch.Tensor, ready: torch.Event) -> torch.Tensor:
+def query_then_use_a_made_stream(x: torch.Tensor, ready: torch.Event) -> torch.Tensor:
+    side = torch.Stream(device="cpu")
+    with side:
+        y = x * 2
+    if ready.query():
+        y = y + 1
+    with side:
+        return y.sin()
+
+
+def query_then_use_a_stream_from_a_list(
+    x: torch.Tensor, streams: list[torch.Stream], ready: torch.Event
+) -> torch.Tensor:
+    side = streams[0]
+    with side:
+        y = x * 2
+    if ready.query():
+        y = y + 1
+    with side:
+        return y.sin()
+
+
+def query_after_the_last_use_of_a_made_stream(x: torch.Tensor, ready: torch.Event) -> torch.Tensor:
     side = torch.Stream(device="cpu")
     with side:
         y = x * 2
@@ -119,18 +141,44 @@ def query_after_making_a_stream(x: torch.Tensor, ready: torch.Event) -> torch.Te
     return y.sin()
 
 
-def test_query_while_a_stream_the_function_made_is_live_says_the_rest_runs_eagerly() -> None:
-    """After the block too, Dynamo cannot carry a stream the function created across the
-    graph break: the rest of the function runs eagerly, and the break says so."""
-    compiled = torch.compile(query_after_making_a_stream, backend="userstreams")
-    x = torch.ones(2)
-    for done in (True, False):
-        expected = query_after_making_a_stream(x, ReportingEvent(done))
-        torch.testing.assert_close(compiled(x, ReportingEvent(done)), expected)
+def _traced_ops(fn: Callable[..., torch.Tensor], *args: object) -> list[str]:
+    """The ops of every graph Dynamo compiled for one call of ``fn``."""
+    ops: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> Callable[..., object]:
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op.startswith("call_"))
+        return gm.forward
+
     torch._dynamo.reset()
-    compiled = torch.compile(query_after_making_a_stream, backend="userstreams", fullgraph=True)
-    with pytest.raises(
-        Exception, match=r"(?s)holds a stream it created.*runs eagerly.*pass it in"
-    ) as raised:
-        compiled(x, ReportingEvent(True))
-    assert "`with stream:` block" not in str(raised.value)
+    torch.compile(fn, backend=backend)(*args)
+    return ops
+
+
+@pytest.mark.parametrize(
+    ("fn", "blocks_resume"),
+    [
+        (query_then_use_a_made_stream, True),
+        (query_then_use_a_stream_from_a_list, True),
+        (query_after_the_last_use_of_a_made_stream, False),
+    ],
+)
+def test_query_says_when_a_stream_used_after_it_makes_the_rest_run_eagerly(
+    fn: Callable[..., torch.Tensor], blocks_resume: bool
+) -> None:
+    """Dynamo cannot carry a stream that is not an argument of the compiled function across
+    a graph break: if the code after ``query()`` uses one, the rest runs eagerly (``sin`` is
+    in no graph), and the graph break says so; otherwise the rest compiles."""
+    x = torch.ones(2)
+    args = (x, [FakeAcceleratorStream()]) if "list" in fn.__name__ else (x,)
+    ops = _traced_ops(fn, *args, ReportingEvent(True))
+    assert any("sin" in op for op in ops) != blocks_resume, ops
+    for done in (True, False):
+        expected = fn(*args, ReportingEvent(done))
+        torch.testing.assert_close(
+            torch.compile(fn, backend="userstreams")(*args, ReportingEvent(done)), expected
+        )
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"query\(\)") as raised:
+        torch.compile(fn, backend="userstreams", fullgraph=True)(*args, ReportingEvent(True))
+    said = "the rest of the function runs eagerly" in str(raised.value)
+    assert said == blocks_resume

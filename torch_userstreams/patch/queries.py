@@ -11,9 +11,9 @@ that is an error naming ``query()``. Every other method is traced as natively.
 
 Inside a ``with stream:`` block Dynamo cannot resume after a graph break (the block is an
 annotation it cannot re-enter), so it runs the whole function eagerly: results stay right,
-nothing is compiled. The same holds after the block while a stream the function created is
-live. The graph break's explanation says which and names the fix: query before or after the
-block; create the stream outside the function.
+nothing is compiled. The same holds after the block when the code after ``query()`` still
+uses a stream the function created (or read from a container or an attribute). The graph
+break's explanation says which and names the fix.
 """
 
 from __future__ import annotations
@@ -35,16 +35,27 @@ def _in_stream_block(tx: Any) -> bool:
     return any(isinstance(b.with_context, StreamContextVariable) for b in blocks)
 
 
-def _holds_created_stream(tx: Any) -> bool:
-    """Whether a stream the compiled function created is live in a traced frame: Dynamo
-    cannot carry one across a graph break, inside a ``with stream:`` block or not."""
+def _stream_blocks_resume(tx: Any) -> bool:
+    """Whether the code after the graph break still uses a stream Dynamo would have to
+    rebuild to resume there, which it cannot (a stream is a context manager to it): one on
+    a frame's stack, or in a local read later, other than an argument of the compiled
+    function itself that still holds what was passed in."""
+    from torch._dynamo.bytecode_analysis import livevars_analysis
+    from torch._dynamo.source import LocalSource
     from torch._dynamo.variables.streams import StreamVariable
 
-    while tx is not None:
-        values = [*getattr(tx, "symbolic_locals", {}).values(), *getattr(tx, "stack", ())]
-        if any(isinstance(v, StreamVariable) and v.source is None for v in values):
+    frame = tx
+    while frame is not None:
+        if any(isinstance(value, StreamVariable) for value in frame.stack):
             return True
-        tx = getattr(tx, "parent", None)
+        read_later = livevars_analysis(frame.instructions, frame.current_instruction)
+        for name, value in frame.symbolic_locals.items():
+            if name not in read_later or not isinstance(value, StreamVariable):
+                continue
+            passed_in = isinstance(value.source, LocalSource) and value.source.local_name == name
+            if not (passed_in and frame.parent is None):
+                return True
+        frame = frame.parent
     return False
 
 
@@ -67,12 +78,17 @@ def _graph_break(variable: Any, tx: Any) -> None:
             "graph break: the whole function runs eagerly, uncompiled."
         )
         hints.insert(0, "Call query() before or after the `with stream:` block.")
-    elif _holds_created_stream(tx):
+    elif _stream_blocks_resume(tx):
         explanation += (
-            " The function holds a stream it created, which Dynamo cannot carry across a "
-            "graph break: the rest of the function runs eagerly, uncompiled."
+            " The code after it still uses a stream the function created or took from "
+            "elsewhere, which Dynamo cannot carry across a graph break: the rest of the "
+            "function runs eagerly, uncompiled."
         )
-        hints.insert(0, "Create the stream outside the compiled function and pass it in.")
+        hints.insert(
+            0,
+            "Pass the stream in as an argument and use that argument directly, or call "
+            "query() where no stream is used after it.",
+        )
     unimplemented(gb_type=GRAPH_BREAK_TYPE, context=call, explanation=explanation, hints=hints)
 
 
