@@ -281,3 +281,44 @@ def test_backward_through_an_input_mutated_in_place(
         x.sum().backward()
     torch.testing.assert_close(leaf.grad, 1 + 2 * (2 * leaf.detach()).exp())
     assert entered and all(s is stream for s in entered), "the call's own stream"
+
+
+class _Node:
+    """An autograd node stand-in whose inputs must not be listed."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def _sequence_nr(self) -> int:
+        return self.number
+
+    @property
+    def next_functions(self) -> tuple:  # type: ignore[type-arg]
+        raise AssertionError("the walk listed the inputs of the only node the call made")
+
+
+class _Out(torch.Tensor):
+    """A tensor whose ``grad_fn`` is a stand-in node."""
+
+    node: _Node
+
+    @property  # type: ignore[override]
+    def grad_fn(self) -> _Node:
+        return self.node
+
+
+def test_the_walk_stops_once_it_found_every_node_the_call_made() -> None:
+    from torch_userstreams.run.backward import nodes_made
+
+    # A call that made one node: its inputs (the parameters' nodes) are never listed.
+    out = torch.zeros(1).as_subclass(_Out)
+    out.node = node = _Node(7)
+    assert list(nodes_made(out, 7, 8)) == [node]
+    # A call that made three nodes in a chain: the walk goes on until it has all three.
+    x = torch.rand(3, requires_grad=True)
+    first = torch._C._autograd._get_sequence_nr()
+    y = ((x * 2).sin() + 1).sum()
+    last = torch._C._autograd._get_sequence_nr()
+    names = [type(n).__name__ for n in nodes_made(y, first, last)]
+    assert last - first == 4
+    assert names == ["SumBackward0", "AddBackward0", "SinBackward0", "MulBackward0"]
