@@ -48,11 +48,13 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
     """The autograd nodes behind ``out`` made on this thread in sequence numbers [first, last).
 
-    Nodes are told apart by sequence number, unique in that range: a C++ node's Python
-    object may be made anew on each access, so ``id()`` cannot tell them apart. So the range
-    holds at most ``last - first`` nodes: once that many are found, the walk stops. A call
-    that made one node (a compiled graph's) never lists the parameters' nodes behind it.
+    Nodes are told apart by sequence number, unique in that range (a C++ node's Python
+    object may be made anew on each access, so ``id()`` cannot tell them apart); the range
+    therefore holds at most ``last - first`` nodes, and the walk stops once it found that
+    many. A call that made one node (a compiled graph's) never lists the parameters' nodes
+    behind it.
     """
+    made = last - first
     seen: set[int] = set()
     todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     while todo:
@@ -62,7 +64,7 @@ def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
             continue
         seen.add(number)
         yield node
-        if len(seen) == last - first:
+        if len(seen) == made:
             return
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
