@@ -322,3 +322,58 @@ def test_the_walk_stops_once_it_found_every_node_the_call_made() -> None:
     names = [type(n).__name__ for n in nodes_made(y, first, last)]
     assert last - first == 4
     assert names == ["SumBackward0", "AddBackward0", "SinBackward0", "MulBackward0"]
+
+
+def test_userstreams_on_cpu_makes_no_backward_events_and_binds_no_backward() -> None:
+    """``userstreams`` compiles a CPU table's graphs with streams and syncs removed, so they
+    read no user object: the prologue skips the events requested for the backward's syncs,
+    and calls leave no binding for a backward that reads none. Gradients stay eager's."""
+    from torch_userstreams.run.backward import BINDING_ATTR
+
+    x, w = leaves(11)
+    report = torch_userstreams.explain(two_streams, x, w, backend="userstreams")
+    (table,) = report.tables
+    requested = [e for e in table.entries if e.phase is Phase.BACKWARD]
+    assert requested and not any(e.loaded for e in requested)
+    assert not table.backward_bound
+    assert "added by backward_syncs) (unused: not loaded)" in str(report)
+    compiled = torch.compile(two_streams, backend="userstreams")
+    out = compiled(x, w)
+    assert not hasattr(out.grad_fn, BINDING_ATTR)
+    out.backward()
+    torch.testing.assert_close([x.grad, w.grad], eager_grads(two_streams, *leaves(11)))
+
+
+def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load() -> None:
+    """The prologue is decided when the frame's compile ends; a backward compiled later that
+    read a skipped object, or read any while calls hand it no binding, would find nothing."""
+    from torch_userstreams.compile.prologue import skip_unread_requests
+    from torch_userstreams.compile.table import EntryKind, UserObjectTable
+    from torch_userstreams.errors import UserObjectError
+    from torch_userstreams.simulator import SimEvent
+
+    table = UserObjectTable("g")
+    table.add(EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test")
+    table.add(
+        EntryKind.REQUESTED,
+        "a sync event",
+        lambda cg: None,
+        SimEvent(device="cpu"),
+        added_by="test",
+        phase=Phase.BACKWARD,
+    )
+    table.note_run_time_reads({0}, backward=False)  # the forward, compiled first
+    skip_unread_requests(table, used={0})
+    assert [e.loaded for e in table.entries] == [True, False]
+    assert table.backward_bound  # the forward reads the stream: the calls bind
+    table.note_run_time_reads(set(), backward=True)  # reads nothing: fine
+    with pytest.raises(UserObjectError, match=r"backward of graph g, compiled after .* 1 "):
+        table.note_run_time_reads({1}, backward=True)
+
+    unbound = UserObjectTable("h")
+    unbound.add(EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test")
+    unbound.note_run_time_reads(set(), backward=False)
+    skip_unread_requests(unbound, used={0})
+    assert not unbound.backward_bound
+    with pytest.raises(UserObjectError, match=r"backward of graph h, .* reads user object\(s\) 0"):
+        unbound.note_run_time_reads({0}, backward=True)

@@ -109,14 +109,28 @@ def view_chain(x: torch.Tensor, s: torch.Stream) -> tuple[torch.Tensor, torch.Te
 def test_outputs_through_chains_of_views(backend: str) -> None:
     x = torch.rand(4, requires_grad=True)
     v, _ = torch.compile(view_chain, backend=backend)(x, SimStream(device="cpu"))
-    events = backward_events(binding_on(v))
-    v.sum().backward()
+    if backend == "userstreams":
+        _no_binding_where_nothing_reads_it(v)
+    else:
+        # The backward's edge syncs, issued by both aot_eager backends on the call's events.
+        events = backward_events(binding_on(v))
+        v.sum().backward()
+        assert events and all(event.recorded for event in events)
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
-    # The backward's edge syncs: issued by both aot_eager backends; dropped by userstreams
-    # on CPU-only graphs, where stream order is program order.
-    assert events
-    recorded = [event.recorded for event in events]
-    assert not any(recorded) if backend == "userstreams" else all(recorded)
+
+
+def _no_binding_where_nothing_reads_it(v: torch.Tensor) -> None:
+    """userstreams on CPU compiles both graphs without streams or syncs (stream order is
+    program order): the events the passes requested for the backward's syncs are not made,
+    and the call leaves no binding on its nodes, since its backward reads none."""
+    binding = last_binding()
+    entries = bindings.graph_of(binding).table.entries
+    requested = [e for e in entries if e.phase is Phase.BACKWARD]
+    assert requested and not any(e.loaded for e in requested)
+    assert all(bindings.objects_of(binding)[e.index] is None for e in requested)
+    with pytest.raises(AssertionError, match="no binding on the call's autograd nodes"):
+        binding_on(v)
+    v.sum().backward()
 
 
 # 3. uninstall() while a backward is pending: A's backward waits landed on the streams of

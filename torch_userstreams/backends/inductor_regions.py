@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..compile.prologue import referenced_indices
 from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
@@ -87,6 +88,7 @@ class StreamRegionsCompiler:
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         if not has_stream_work(gm):
+            self._note_reads(gm, kwargs)
             # Its forward may have had stream work, and its donations been amended.
             with keyed_by_donations() if kwargs.get("is_backward") else contextlib.nullcontext():
                 return self.compile_region(gm, example_inputs, **kwargs)
@@ -94,8 +96,24 @@ class StreamRegionsCompiler:
         # as separate saved tensors may now be one tensor, or an input (``donations``).
         with true_donations(gm, kwargs, regions=not self.cpu):
             if self.cpu:
-                return self.compile_region(without_streams(gm), example_inputs, **kwargs)
+                stripped = without_streams(gm)
+                self._note_reads(stripped, kwargs)
+                return self.compile_region(stripped, example_inputs, **kwargs)
             return self.partitioned(gm, kwargs)
+
+    def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
+        """On CPU every graph of the table is compiled here, so the table learns all that its
+        compiled code reads (usually nothing): the prologue then skips the events the passes
+        requested for syncs that were removed."""
+        if self.cpu and self.table is not None:
+            reads = set().union(
+                *(
+                    referenced_indices(m.graph)
+                    for m in gm.modules()
+                    if isinstance(m, torch.fx.GraphModule)
+                )
+            )
+            self.table.note_run_time_reads(reads, backward=bool(kwargs.get("is_backward")))
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         copy_factories_per_stream(gm)

@@ -134,7 +134,7 @@ def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, Bo
     from torch._dynamo import disable
     from torch._dynamo.eval_frame import innermost_fn
 
-    bound = BoundGraph(innermost_fn(compiled), table, attach)
+    bound = BoundGraph(innermost_fn(compiled), table, attach if table.backward_bound else None)
     return disable(bound.run, reason="torch_userstreams: runs a compiled graph"), bound
 
 
@@ -149,6 +149,7 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
     used = prologue.read_by(prologue.graphs_of(output_graph))
     _check_requested(used, table)
     prologue.mark_loaded(table, used)
+    prologue.skip_unread_requests(table, used)
     if not table.loads_any:
         return result
     _check_no_specializations(output_graph, table)

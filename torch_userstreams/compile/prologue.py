@@ -75,6 +75,25 @@ def mark_loaded(table: UserObjectTable, used: set[int]) -> None:
             entry.loaded = entry.index in used
 
 
+def skip_unread_requests(table: UserObjectTable, used: set[int]) -> None:
+    """Where the backend knows every index its compiled graphs read (``run_time_reads``),
+    an object a pass requested that neither they nor the frame's graph read is not loaded:
+    on CPU, the events of the syncs ``userstreams`` removed would be made on every call for
+    nothing. The table is sealed: a graph compiled later is checked against what is loaded."""
+    table.sealed = True
+    if table.run_time_reads is None:
+        return
+    read = used | table.run_time_reads
+    for entry in table.entries:
+        if (
+            entry.kind in (EntryKind.REQUESTED, EntryKind.CURRENT_STREAM)
+            and entry.index not in read
+        ):
+            entry.loaded = False
+    # The backward reads nothing a call could bind: calls do not hand it their binding.
+    table.backward_bound = bool(table.run_time_reads)
+
+
 def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:
     """The prologue instructions for ``table``, leaving the call's binding for ``bound``."""
     from torch._dynamo.bytecode_transformation import create_instruction

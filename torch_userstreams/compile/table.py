@@ -76,6 +76,14 @@ class UserObjectTable:
         self.prologue_listing = ""  # filled when the prologue is generated
         # What the package's passes changed in this graph's FX graphs, as "pass: note".
         self.pass_notes: list[str] = []
+        # The indices the backend's compiled graphs read at run time, where it knows them:
+        # ``userstreams`` on CPU compiles graphs without streams or syncs, which read
+        # nothing. None: any entry may be read (``note_run_time_reads``).
+        self.run_time_reads: set[int] | None = None
+        # Set once the prologue is decided: a graph compiled later (a lazy backward) can
+        # only read what it loads, and a backward only if calls hand it their binding.
+        self.sealed = False
+        self.backward_bound = True
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -120,6 +128,23 @@ class UserObjectTable:
             )
         )
         return index
+
+    def note_run_time_reads(self, reads: set[int], *, backward: bool) -> None:
+        """Record what a graph compiled for this table reads at run time; after the prologue
+        was decided, refuse one that reads an object the calls do not provide."""
+        self.run_time_reads = (self.run_time_reads or set()) | reads
+        if not self.sealed:
+            return
+        unloaded = sorted(i for i in reads if not 0 <= i < len(self) or not self.entries[i].loaded)
+        if unloaded or (backward and reads and not self.backward_bound):
+            missing = ", ".join(map(str, unloaded or sorted(reads)))
+            raise UserObjectError(
+                f"torch_userstreams: the {'backward' if backward else 'forward'} of graph "
+                f"{self.graph_name}, compiled after its prologue, reads user object(s) "
+                f"{missing} with its streams and syncs removed (CPU). The prologue was built "
+                "for graphs that read none, so the calls do not provide them. Compile this "
+                "function with backend='userstreams_aot_eager', and report the graph."
+            )
 
     def device(self, index: int) -> torch.device:
         """The device of the stream or event at ``index``."""
