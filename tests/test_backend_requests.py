@@ -9,6 +9,8 @@ import torch
 from probes import insert_probe, requesting_backend, seen
 
 import torch_userstreams
+from torch_userstreams.compile import graph_compile
+from torch_userstreams.demo.model import simulated_objects
 from torch_userstreams.errors import NotCompilingError
 from torch_userstreams.simulator import SimEvent, SimStream
 
@@ -198,3 +200,51 @@ def test_an_accelerator_index_past_the_device_count_is_refused_by_name(request_o
         torch._dynamo.reset()
         compiled = torch.compile(add_one, backend=backend_on_device_zero)
         assert torch.equal(compiled(torch.ones(1)), torch.full((1,), 2.0))
+
+
+def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.sin() * w
+
+
+def side_stream_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    s = torch.Stream(device="cpu")
+    with s:
+        y = x * w
+    return y.sin() * w
+
+
+@pytest.mark.parametrize("fn", [product, side_stream_product])
+def test_objects_a_backend_reads_from_its_own_code_are_made_when_it_hands_off(fn: Any) -> None:
+    """A backend requests objects, compiles with ``userstreams`` (which removes every sync
+    on CPU) and reads them from its own code at run time: the prologue still makes them,
+    though no compiled graph reads them, and calls still bind the backward."""
+    from torch_userstreams.backends import userstreams_backend
+
+    read: list[tuple[Any, Any]] = []
+    tables: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        event = torch_userstreams.new_event(device="cpu")
+        current = torch_userstreams.current_stream("cpu")
+        tables.append(graph_compile.active("test").table)
+        compiled = userstreams_backend(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            read.append((torch_userstreams.lookup(event), torch_userstreams.lookup(current)))
+            return compiled(*args)
+
+        return run
+
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(2):
+        x, w = (torch.rand(4, requires_grad=True) for _ in range(2))
+        compiled(x, w).sum().backward()
+        x2, w2 = (t.detach().clone().requires_grad_(True) for t in (x, w))
+        with simulated_objects(torch.device("cpu")):
+            fn(x2, w2).sum().backward()
+        torch.testing.assert_close([x.grad, w.grad], [x2.grad, w2.grad])
+    assert [(type(e), type(s)) for e, s in read] == [(SimEvent, SimStream)] * 2
+    assert read[0][0] is not read[1][0], "a fresh event each call"
+    (table,) = tables
+    assert all(e.loaded for e in table.entries if e.added_by == "backend")
+    assert table.backward_bound

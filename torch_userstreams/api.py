@@ -45,11 +45,20 @@ def request_event(
     *,
     added_by: str,
     phase: Phase,
+    graph_nodes_only: bool = False,
 ) -> int:
-    """An event for ``compile_``'s graph, made fresh on each call."""
+    """An event for ``compile_``'s graph, made fresh on each call (``graph_nodes_only``:
+    see ``GraphCompile.new_event``)."""
     resolved = factories.resolve_device(device)
     text = _call_text("torch.Event", {"device": device, **{k: v or None for k, v in flags.items()}})
-    return compile_.new_event(resolved, flags=flags, added_by=added_by, phase=phase, text=text)
+    return compile_.new_event(
+        resolved,
+        flags=flags,
+        added_by=added_by,
+        phase=phase,
+        text=text,
+        graph_nodes_only=graph_nodes_only,
+    )
 
 
 def new_stream(

@@ -115,7 +115,8 @@ class GraphCompile:
         kwargs: dict[str, Any] = {"device": device}
         if priority:
             kwargs["priority"] = priority
-        return self._requested(factories.stream_class(device), kwargs, text, added_by, phase)
+        cls = factories.stream_class(device)
+        return self._requested(cls, kwargs, text, added_by, phase, graph_nodes_only=False)
 
     def new_event(
         self,
@@ -125,18 +126,30 @@ class GraphCompile:
         added_by: str,
         phase: Phase,
         text: str,
+        graph_nodes_only: bool = False,
     ) -> int:
-        """An event created fresh on each call, on ``device``, with ``flags`` set."""
+        """An event created fresh on each call, on ``device``, with ``flags`` set;
+        ``graph_nodes_only`` where only nodes the requester puts in the graphs read it."""
         kwargs: dict[str, Any] = {"device": device, **{k: v for k, v in flags.items() if v}}
-        return self._requested(factories.event_class(device), kwargs, text, added_by, phase)
+        cls = factories.event_class(device)
+        return self._requested(
+            cls, kwargs, text, added_by, phase, graph_nodes_only=graph_nodes_only
+        )
 
     def _requested(
-        self, cls: type, kwargs: dict[str, Any], text: str, added_by: str, phase: Phase
+        self,
+        cls: type,
+        kwargs: dict[str, Any],
+        text: str,
+        added_by: str,
+        phase: Phase,
+        *,
+        graph_nodes_only: bool,
     ) -> int:
         _require_device(kwargs["device"], self.table.graph_name, added_by, text)
         factory = factories.constructor(cls, (), kwargs)
         example = factory()
-        return self.table.add(
+        index = self.table.add(
             EntryKind.REQUESTED,
             text,
             emitters.from_factory(factory),
@@ -144,12 +157,19 @@ class GraphCompile:
             added_by=added_by,
             phase=phase,
         )
+        self.table.entries[index].read_by_requester = not graph_nodes_only
+        return index
 
-    def current_stream(self, device: torch.device, *, added_by: str) -> int:
+    def current_stream(
+        self, device: torch.device, *, added_by: str, graph_nodes_only: bool = False
+    ) -> int:
         """The entry of ``device``'s ambient stream at each call, added once and always
-        loaded (a pass or backend reads it by index)."""
+        loaded (a pass or backend reads it by index); ``graph_nodes_only`` where only nodes
+        the requester puts in the graphs read it."""
         index = self.current_stream_entry(device, added_by=added_by)
-        self.table.entries[index].always_loaded = True
+        entry = self.table.entries[index]
+        entry.always_loaded = True
+        entry.read_by_requester |= not graph_nodes_only
         return index
 
     def current_stream_entry(self, device: torch.device, *, added_by: str) -> int:

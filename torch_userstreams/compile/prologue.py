@@ -77,9 +77,10 @@ def mark_loaded(table: UserObjectTable, used: set[int]) -> None:
 
 def skip_unread_requests(table: UserObjectTable, used: set[int]) -> None:
     """Where the backend knows every index its compiled graphs read (``run_time_reads``),
-    an object a pass requested that neither they nor the frame's graph read is not loaded:
-    on CPU, the events of the syncs ``userstreams`` removed would be made on every call for
-    nothing. The table is sealed: a graph compiled later is checked against what is loaded."""
+    an object only graph nodes read (a pass's sync event, not a backend's request) that
+    neither they nor the frame's graph read is not loaded: on CPU, the events of the syncs
+    ``userstreams`` removed would be made on every call for nothing. The table is sealed: a
+    graph compiled later is checked against what is loaded."""
     table.sealed = True
     if table.run_time_reads is None:
         return
@@ -87,11 +88,15 @@ def skip_unread_requests(table: UserObjectTable, used: set[int]) -> None:
     for entry in table.entries:
         if (
             entry.kind in (EntryKind.REQUESTED, EntryKind.CURRENT_STREAM)
+            and not entry.read_by_requester
             and entry.index not in read
         ):
             entry.loaded = False
-    # The backward reads nothing a call could bind: calls do not hand it their binding.
-    table.backward_bound = bool(table.run_time_reads)
+    # Unless its graphs or the backend's own code read an object, calls do not hand the
+    # backward their binding.
+    table.backward_bound = bool(table.run_time_reads) or any(
+        entry.loaded and entry.read_by_requester for entry in table.entries
+    )
 
 
 def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:

@@ -53,6 +53,10 @@ class Entry:
     loaded: bool = True
     # Loaded whether or not a node reads it: a backend or pass asked for it by index.
     always_loaded: bool = False
+    # A backend (or torch) asked for it and may read it from its own code at run time, not
+    # only through nodes of the graphs: never left out of the prologue. The package's passes
+    # ask with ``graph_nodes_only``: their sync nodes are the only readers.
+    read_by_requester: bool = False
     # The device of the object (a stream's or an event's), kept after the example is dropped.
     device: torch.device | None = None
     # The compile-time value (Dynamo runs lookup nodes on it while tracing); dropped by

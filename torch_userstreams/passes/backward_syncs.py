@@ -67,7 +67,7 @@ def _edge_event(
     device = compile_.table.device(stream)
     if device.type != device_of(value).type:
         return None
-    current = compile_.current_stream(device, added_by=NAME)
+    current = compile_.current_stream(device, added_by=NAME, graph_nodes_only=True)
     if current == stream:
         return None
     return new_event(compile_, device, added_by=NAME, backward=True), current

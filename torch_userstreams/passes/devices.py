@@ -17,7 +17,7 @@ def stream_index(node: torch.fx.Node, compile_: GraphCompile, added_by: str) -> 
     index = stream_of(node)
     if index is not None:
         return index
-    return compile_.current_stream(device_of(node), added_by=added_by)
+    return compile_.current_stream(device_of(node), added_by=added_by, graph_nodes_only=True)
 
 
 def stream_device(node: torch.fx.Node, compile_: GraphCompile) -> torch.device:
@@ -54,6 +54,9 @@ def event_device(
 def new_event(
     compile_: GraphCompile, device: torch.device, *, added_by: str, backward: bool
 ) -> int:
-    """An event a pass inserts, made per call for ``device``."""
+    """An event a pass inserts, made per call for ``device``; only the pass's sync nodes
+    read it."""
     phase = Phase.BACKWARD if backward else Phase.FORWARD
-    return api.request_event(compile_, device, {}, added_by=added_by, phase=phase)
+    return api.request_event(
+        compile_, device, {}, added_by=added_by, phase=phase, graph_nodes_only=True
+    )
