@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from helpers import backward_events, forget_bindings, last_binding
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
 from torch_userstreams.run import bound_graph
-from torch_userstreams.run.binding import graph_of
+from torch_userstreams.run.binding import graph_of, objects_of
+from torch_userstreams.run.bound_graph import CALLS_WITHOUT_A_PYTHON_NODE
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.objects import live_user_objects
 
@@ -313,13 +315,13 @@ def test_the_walk_stops_once_it_found_every_node_the_call_made() -> None:
     # A call that made one node: its inputs (the parameters' nodes) are never listed.
     out = torch.zeros(1).as_subclass(_Out)
     out.node = node = _Node(7)
-    assert list(nodes_made(out, 7, 8)) == [node]
+    assert list(nodes_made(out, 7, 8, inputs=())) == [node]
     # A call that made four nodes in a chain: the walk goes on until it has all four.
     x = torch.rand(3, requires_grad=True)
     first = torch._C._autograd._get_sequence_nr()
     y = ((x * 2).sin() + 1).sum()
     last = torch._C._autograd._get_sequence_nr()
-    names = [type(n).__name__ for n in nodes_made(y, first, last)]
+    names = [type(n).__name__ for n in nodes_made(y, first, last, inputs=(x,))]
     assert last - first == 4
     assert names == ["SumBackward0", "AddBackward0", "SinBackward0", "MulBackward0"]
 
@@ -377,3 +379,75 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
     assert not unbound.backward_bound
     with pytest.raises(UserObjectError, match=r"backward of graph h, .* reads user object\(s\) 0"):
         unbound.note_run_time_reads({0}, backward=True)
+
+
+def stage_two(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with s:
+        y = (x * w).cos()
+    return (y * w).sum(), x.view(-1)
+
+
+def test_an_input_made_on_another_thread_with_one_of_the_calls_numbers() -> None:
+    """Autograd sequence numbers count per thread: an input made on a fresh thread carries a
+    number the call's own nodes carry on another fresh thread. The walk from the outputs
+    reached the input's node first (through the returned view), took it for the call's, and
+    skipped the compiled node with the same number: the backward found no binding, and after
+    32 such calls the graph stopped handing bindings over, on every thread."""
+    compiled = torch.compile(stage_two, backend=BACKEND)
+    leaf, w = leaves(12)
+    compiled(leaf * 1, w, SimStream(device="cpu"))  # compiles on this thread
+    for _ in range(CALLS_WITHOUT_A_PYTHON_NODE + 1):
+        step = _pipeline_step(compiled, leaf, w)
+        assert step["collides"], "the scenario: the input's node carries one of the call's numbers"
+        assert step["own streams"], "the backward synced on this call's streams"
+        torch.testing.assert_close(step["grads"], _stage_two_grads(leaf, w))
+    leaf.grad = w.grad = None
+    a, v = compiled(leaf * 1, w, SimStream(device="cpu"))
+    (a + v.sum()).backward()
+    torch.testing.assert_close([leaf.grad, w.grad], _stage_two_grads(leaf, w))
+
+
+def _pipeline_step(compiled: Any, leaf: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
+    """Stage one makes the input on a fresh thread; stage two, on another, calls ``compiled``
+    and runs the backward."""
+    step: dict[str, Any] = {}
+
+    def stage_one() -> None:
+        step["x"] = leaf * 1
+
+    def run_stage_two() -> None:
+        try:
+            call_and_backward()
+        except Exception as exc:  # re-raised on the test's thread
+            step["error"] = exc
+
+    def call_and_backward() -> None:
+        x, s = step["x"], SimStream(device="cpu")
+        first = torch._C._autograd._get_sequence_nr()
+        a, v = compiled(x, w, s)
+        last = torch._C._autograd._get_sequence_nr()
+        step["collides"] = first <= x.grad_fn._sequence_nr() < last
+        binding = last_binding()
+        leaf.grad = w.grad = None
+        (a + v.sum()).backward()
+        step["grads"] = [leaf.grad, w.grad]
+        own = {id(obj) for obj in objects_of(binding)}
+        used = [stream for event in backward_events(binding) for _, stream in event.log]
+        step["own streams"] = bool(used) and all(id(stream) in own for stream in used)
+
+    for stage in (stage_one, run_stage_two):
+        thread = threading.Thread(target=stage)
+        thread.start()
+        thread.join()
+    if "error" in step:
+        raise step["error"]
+    return step
+
+
+def _stage_two_grads(leaf: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    x2, w2 = (t.detach().clone().requires_grad_(True) for t in (leaf, w))
+    a, v = stage_two(x2 * 1, w2, SimStream(device="cpu"))
+    (a + v.sum()).backward()
+    return [x2.grad, w2.grad]  # type: ignore[list-item]

@@ -15,7 +15,8 @@ long as its autograd graph, as in eager.
 Which nodes the call made: those whose autograd sequence number falls in the range the
 call used on this thread. The walk from the outputs stops at older nodes, so it never
 reaches (or relabels) another call's nodes, however many views sit between an output and
-its compiled node.
+its compiled node; and at the nodes of the call's inputs, since sequence numbers count per
+thread and a node made on another thread may carry one of the call's numbers.
 """
 
 from __future__ import annotations
@@ -45,28 +46,51 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
                 yield item
 
 
-def nodes_made(out: Any, first: int, last: int) -> Iterator[Any]:
-    """The autograd nodes behind ``out`` made on this thread in sequence numbers [first, last).
+def nodes_made(
+    out: Any, first: int, last: int, inputs: tuple[Any, ...] | None = None
+) -> Iterator[Any]:
+    """The autograd nodes behind ``out`` with sequence numbers in [first, last): the nodes a
+    call made on this thread, given the range it used and its ``inputs``.
 
-    Nodes are told apart by sequence number, unique in that range (a C++ node's Python
-    object may be made anew on each access, so ``id()`` cannot tell them apart); the range
-    therefore holds at most ``last - first`` nodes, and the walk stops once it found that
-    many. A call that made one node (a compiled graph's) never lists the parameters' nodes
-    behind it.
+    Sequence numbers count per thread, so a node another thread made may carry one of the
+    call's numbers. From the call's outputs such a node is only reached through an input's
+    node, where the walk stops: every node it yields is the call's, and it stops once it
+    found ``last - first`` of them, the most the range holds (a call that made one node never
+    lists the parameters' nodes behind it). Walking from the inputs themselves
+    (``inputs=None``: an input the call mutated in place) it can do neither.
+
+    Nodes are told apart by identity: a C++ node keeps one Python object while a reference
+    to it lives, and the walk holds every node it visits.
     """
-    made = last - first
-    seen: set[int] = set()
-    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    made = -1 if inputs is None else last - first
+    todo = [
+        node
+        for t in _tensors(out)
+        if (node := t.grad_fn) is not None and (inputs is None or not _is_one_of(t, inputs))
+    ]
+    visited: set[Any] = set()
+    stops: set[Any] | None = None  # the inputs' nodes, looked up before the first step back
     while todo:
         node = todo.pop()
-        number = node._sequence_nr()
-        if number in seen or not first <= number < last:
+        if node in visited or not first <= node._sequence_nr() < last:
             continue
-        seen.add(number)
+        visited.add(node)
+        if stops is not None and node in stops:
+            continue
         yield node
-        if len(seen) == made:
+        made -= 1
+        if made == 0:
             return
+        if stops is None and inputs is not None:
+            stops = {t.grad_fn for t in _tensors(inputs)}
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+
+def _is_one_of(value: Any, values: tuple[Any, ...]) -> bool:
+    for other in values:
+        if other is value:
+            return True
+    return False
 
 
 def backward_binding() -> Binding | None:
@@ -100,14 +124,17 @@ def running_node_binding() -> Binding | None:
     return None
 
 
-def attach(binding: Binding, out: Any, first: int, last: int) -> bool:
-    """Make the backward of this call resolve user objects against ``binding``.
+def attach(
+    binding: Binding, out: Any, first: int, last: int, inputs: tuple[Any, ...] | None
+) -> bool:
+    """Make the backward of this call resolve user objects against ``binding`` (its nodes:
+    ``nodes_made``).
 
     Returns False when the call made no Python autograd node (a backend without
     AOTAutograd, or one that ran this call eagerly): its C++ nodes run no lookup.
     """
     attached = False
-    for node in nodes_made(out, first, last):
+    for node in nodes_made(out, first, last, inputs):
         if not isinstance(node, BackwardCFunction):
             continue  # a C++ node: it runs no user-object lookup
         attached = True

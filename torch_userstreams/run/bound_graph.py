@@ -21,8 +21,9 @@ from .binding import Binding
 from .state import never_trace, state
 
 # Called after a call that made autograd nodes, with the call's binding, the values to walk
-# from (its outputs, else its inputs) and the sequence numbers of those nodes ([first, last)).
-AfterForward = Callable[[Binding, Any, int, int], bool]
+# from (its outputs, else its inputs), the sequence numbers of those nodes ([first, last)),
+# and the call's inputs where the walk starts from its outputs (else None).
+AfterForward = Callable[[Binding, Any, int, int, tuple[Any, ...] | None], bool]
 
 # Calls in a row whose autograd nodes are all C++ ones (a backend that runs the graph
 # eagerly) before a graph stops handing its bindings over: the walk costs about 1 us per
@@ -150,9 +151,10 @@ def _hand_over(
     whatever the outputs carry). Counts the calls in a row whose values carried a graph but
     led to no Python node the call made, and stops asking after too many."""
     missed = False
-    for values in (out if type(out) is tuple or type(out) is list else (out,), args):
+    outputs = out if type(out) is tuple or type(out) is list else (out,)
+    for values, inputs in ((outputs, args), (args, None)):
         if _carries_graph(values):
-            if after_forward(binding, values, first, last):
+            if after_forward(binding, values, first, last, inputs):
                 bound.misses = 0
                 return
             missed = True
