@@ -53,9 +53,10 @@ def nodes_made(
     call made on this thread, given the range it used and its ``inputs``.
 
     Sequence numbers count per thread, so a node another thread made may carry one of the
-    call's numbers. From the call's outputs such a node is only reached through an input's
-    node, where the walk stops: every node it yields is the call's, and it stops once it
-    found ``last - first`` of them, the most the range holds (a call that made one node never
+    call's numbers. From the call's outputs (never an input itself: Dynamo returns an input
+    from the frame, not from the graph) such a node is only reached through an input's node,
+    where the walk stops: every node it yields is the call's, and it stops once it found
+    ``last - first`` of them, the most the range holds (a call that made one node never
     lists the parameters' nodes behind it). Walking from the inputs themselves
     (``inputs=None``: an input the call mutated in place) it can do neither.
 
@@ -63,11 +64,7 @@ def nodes_made(
     to it lives, and the walk holds every node it visits.
     """
     made = -1 if inputs is None else last - first
-    todo = [
-        node
-        for t in _tensors(out)
-        if (node := t.grad_fn) is not None and (inputs is None or not _is_one_of(t, inputs))
-    ]
+    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     visited: set[Any] = set()
     stops: set[Any] | None = None  # the inputs' nodes, looked up before the first step back
     while todo:
@@ -84,13 +81,6 @@ def nodes_made(
         if stops is None and inputs is not None:
             stops = {t.grad_fn for t in _tensors(inputs)}
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
-
-
-def _is_one_of(value: Any, values: tuple[Any, ...]) -> bool:
-    for other in values:
-        if other is value:
-            return True
-    return False
 
 
 def backward_binding() -> Binding | None:
