@@ -94,14 +94,18 @@ def test_record_and_wait_with_no_stream_use_the_cpu_current_stream(backend: str)
     """Without an accelerator Dynamo's stack of entered streams is empty outside a ``with``
     block: tracing ``event.record()`` or ``event.wait()`` raised ``IndexError: deque index
     out of range``. They now sync with the graph's CPU current-stream entry."""
-    x = torch.randn(6, requires_grad=True)
+    x = torch.randn(6, generator=torch.Generator().manual_seed(0), requires_grad=True)
     expected = torch.tanh(x) * 2 + x.sin()
     (expected_grad,) = torch.autograd.grad(expected.sum(), x)
     compiled = torch.compile(fork_join_on_the_current_stream, backend=backend)
     for _ in range(2):
         out = compiled(x)
         (grad,) = torch.autograd.grad(out.sum(), x)
-        assert torch.allclose(out, expected) and torch.allclose(grad, expected_grad)
+        # Inductor's fused tanh and sin differ from eager's by an ulp: where the gradient
+        # crosses zero (x near -1.78) torch.allclose's default atol of 1e-8 failed 4 random
+        # inputs in 3,000.
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(grad, expected_grad)
 
     forward = capture(fork_join_on_the_current_stream, x.detach()).forward[0]
     table = torch_userstreams.explain(fork_join_on_the_current_stream, x.detach()).tables[0]
