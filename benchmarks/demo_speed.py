@@ -28,7 +28,7 @@ from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
 from torch_userstreams.testing.capture import no_compile_caches
 
 from .config import Config
-from .inductor_gap import compile_with_masks_recomputed, mask_rows
+from .inductor_gap import call_cost_rows, compile_with_masks_recomputed, mask_rows
 from .results import Row, ratio_row
 from .timing import abba, median
 
@@ -213,6 +213,7 @@ def run(config: Config) -> list[Row]:
             rows.extend(speed_rows(device, steps, rounds))
             if device.type == "cpu":
                 rows.extend(mask_rows())
+                rows.extend(call_cost_rows(rounds // 2))
             torch_userstreams.install()
             rows.extend(compile_rows(device, config.compile_repeats))
     if not was_installed:

@@ -2,7 +2,7 @@
 
 On CPU the package hands Inductor the demo's graph whole, without syncs, so the package's
 steps/s can only be Inductor's. Two measurements say why that is below eager at the demo's
-size (dim 64, batch 64, one thread):
+size (dim 64, batch 64, one thread), and a third what any compiled training call costs:
 
 * ``mask_rows``: Inductor's CPU kernel that writes a 1-byte mask (``x <= 0``, the
   mask the relu backward needs) against the same kernel writing the mask as float32, and
@@ -16,6 +16,11 @@ size (dim 64, batch 64, one thread):
   the partitioner saves the float activation instead and the backward recomputes the mask
   in registers. Used only for a diagnostic contender in ``demo_speed``; the package never
   changes what Inductor saves.
+* ``call_cost_rows``: what torch's compiled-call path costs per training call, whatever
+  the backend: one ``Linear(64, 1)``, eager against Inductor, so its kernel time is the
+  same and the difference is the fixed cost (Dynamo's guards, AOTAutograd's runtime
+  wrappers, its autograd Function, the generated wrapper). The demo pays it once per
+  forward and once per backward; at dim 64 its fused kernels save less than that.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .results import Row
-from .timing import median, per_call_ns, warm_up
+from .timing import abba, median, per_call_ns, warm_up
 
 BENCH = "demo"
 
@@ -104,3 +109,35 @@ def mask_rows() -> list[Row]:
             "reading the mask",
         ),
     ]
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+def _forward_backward(model: torch.nn.Module, x: torch.Tensor) -> None:
+    model(x).sum().backward()
+
+
+def call_cost_rows(rounds: int) -> list[Row]:
+    """us per training call of one ``Linear(64, 1)`` on a 64x64 input (parameters requiring
+    grad), compiled with Inductor over eager, forward alone and forward plus backward;
+    eager and compiled take turns (ABBA)."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(64, 1), torch.randn(64, 64)
+    models = {"eager": model, "inductor": torch.compile(model, backend="inductor")}
+    rows = []
+    for what, step in (("forward", _forward), ("forward and backward", _forward_backward)):
+        for name in models:
+            warm_up(step, (models[name], x), 200)
+        samples: dict[str, list[float]] = {name: [] for name in models}
+        for pair in abba("eager", "inductor", rounds):
+            for name in pair:
+                samples[name].append(per_call_ns(step, (models[name], x), 500) / 1_000)
+        eager, inductor = median(samples["eager"]), median(samples["inductor"])
+        case = f"cpu training call, one Linear(64, 1), {what}: inductor over eager (reference)"
+        note = f"the fixed cost of a compiled call: {inductor - eager:.1f} us more than eager"
+        rows.append(
+            Row(BENCH, case, eager, inductor, "us", ratio=inductor / eager, details={"note": note})
+        )
+    return rows
