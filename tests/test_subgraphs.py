@@ -103,6 +103,34 @@ def cond_branch(x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Even
     return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
 
 
+# The next two failed to compile before (a hostile test pass): a lookup traced in a resume
+# function walked the stack hashing code objects, and the code Dynamo runs for the caller
+# holds an unhashable dict constant ("TypeError: unhashable type: 'dict'").
+def checkpoint_after_a_graph_break(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    def body(x: torch.Tensor) -> torch.Tensor:
+        with s:
+            return (x * w).sin() * w
+
+    torch._dynamo.graph_break()
+    return checkpoint(body, x, use_reentrant=False).sum()  # type: ignore[no-any-return]
+
+
+def cond_after_a_graph_break(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    def streamed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with s:
+            return (x * w).sin() * w
+
+    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x * w).cos()
+
+    torch._dynamo.graph_break()
+    return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
+
+
 CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint": checkpointed,
     "checkpoint-reentrant": checkpointed_reentrant,
@@ -111,6 +139,8 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint, then its stream": checkpointed_then_same_stream,
     "checkpoint, event inside": event_inside_checkpoint,
     "cond, event recorded in a branch": event_recorded_in_cond_branch,
+    "checkpoint after a graph break": checkpoint_after_a_graph_break,
+    "cond after a graph break": cond_after_a_graph_break,
 }
 
 

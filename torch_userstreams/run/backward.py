@@ -92,8 +92,9 @@ def backward_binding() -> Binding | None:
 
 
 # The frames a Python autograd node runs in: ``apply`` (torch 2.11, and a node the user
-# applies directly) or ``apply_boxed`` (the engine, torch 2.12+).
-_APPLY_CODES = frozenset(
+# applies directly) or ``apply_boxed`` (the engine, torch 2.12+). Compared by identity: a
+# code object hashes its constants, and code Dynamo generates can hold a dict.
+_APPLY_CODES = tuple(
     getattr(BackwardCFunction, name).__code__
     for name in ("apply", "apply_boxed")
     if hasattr(BackwardCFunction, name)
@@ -108,8 +109,10 @@ def running_node_binding() -> Binding | None:
     even when its node has no binding: an outer node's call is not the one running."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code in _APPLY_CODES:
-            return getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
+        code = frame.f_code
+        for apply_code in _APPLY_CODES:
+            if code is apply_code:
+                return getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
         frame = frame.f_back  # type: ignore[assignment]
     return None
 
