@@ -131,6 +131,26 @@ def cond_after_a_graph_break(
     return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
 
 
+def _scaled_sine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * w).sin() * w
+
+
+plain_region = torch.compiler.nested_compile_region(_scaled_sine)
+
+
+# Failed in the backward before (a hostile test pass): a sync depended on a getitem of the
+# second call that nothing read, after AOTAutograd had dropped the output it read
+# ("IndexError: tuple index out of range" with userstreams_aot_eager).
+def stream_around_region_calls(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    with s:
+        a = plain_region(x, w)
+    with s:
+        b = plain_region(x * 2, w)
+    return (a + b).sum()
+
+
 CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint": checkpointed,
     "checkpoint-reentrant": checkpointed_reentrant,
@@ -141,6 +161,7 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "cond, event recorded in a branch": event_recorded_in_cond_branch,
     "checkpoint after a graph break": checkpoint_after_a_graph_break,
     "cond after a graph break": cond_after_a_graph_break,
+    "nested_compile_region, stream around two calls": stream_around_region_calls,
 }
 
 

@@ -16,6 +16,8 @@ Before that, ``pin_syncs`` tags every sync with its phase (``fx.meta.mark_phase`
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -73,6 +75,19 @@ def _multi_output(node: torch.fx.Node) -> bool:
     getitems that follow it. As a dependency of its own it had a user besides getitem, and
     the partitioner took it for a tensor."""
     return isinstance(node.meta["val"], (tuple, list))
+
+
+def _unread_part(node: torch.fx.Node) -> bool:
+    """A getitem nothing reads, of a tuple that another getitem reads: a sync is ordered
+    after the tuple through that one. Depending on it kept it alive after AOTAutograd had
+    dropped the subgraph output it reads (two ``nested_compile_region`` calls under
+    ``with stream:``: ``IndexError`` in the backward)."""
+    if node.target is not operator.getitem or node.users:
+        return False
+    owner = node.args[0]
+    return isinstance(owner, torch.fx.Node) and any(
+        part is not node and part.users for part in owner.users
+    )
 
 
 def _saved_not_recomputed(control: torch.fx.Node) -> None:
@@ -181,7 +196,12 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
                 # A wait depends on its record, wrapped or not (a record with no earlier
                 # work on its stream stays a plain node).
                 records[node.args[0]] = recorded  # type: ignore[index]
-        elif node.op == "call_function" and "val" in node.meta and not _multi_output(node):
+        elif (
+            node.op == "call_function"
+            and "val" in node.meta
+            and not _multi_output(node)
+            and not _unread_part(node)
+        ):
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following
     if notes:
