@@ -151,6 +151,17 @@ def stream_around_region_calls(
     return (a + b).sum()
 
 
+# Two calls of a region inside a checkpoint stay subgraph calls (Dynamo inlines a region it
+# meets at top level from torch 2.13 on), and Dynamo traces the body once for both.
+def stream_inside_region_calls(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    def body(x: torch.Tensor) -> torch.Tensor:
+        return region(x, w, s) + region(x * 2, w, s)
+
+    return checkpoint(body, x, use_reentrant=False).sum()  # type: ignore[no-any-return]
+
+
 CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint": checkpointed,
     "checkpoint-reentrant": checkpointed_reentrant,
@@ -162,6 +173,7 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint after a graph break": checkpoint_after_a_graph_break,
     "cond after a graph break": cond_after_a_graph_break,
     "nested_compile_region, stream around two calls": stream_around_region_calls,
+    "nested_compile_region, stream inside two calls": stream_inside_region_calls,
 }
 
 
@@ -173,6 +185,21 @@ REFUSED = {
         "inside a cond body, on accelerator streams"
     ),
 }
+# Both backends run a construct that stays a subgraph as one unit on its caller's stream,
+# so a stream block inside it is refused on accelerator streams (on CPU streams, program
+# order makes that exact). Torch 2.11 and 2.12 keep a region met at top level a subgraph.
+KEEPS_TOP_LEVEL_REGION = torch.__version__.startswith(("2.11.", "2.12."))
+REGION_BODY = "torch.compiler.nested_compile_region body"
+STREAM_INSIDE = {
+    "cond": "torch.cond branch",
+    "cond after a graph break": "torch.cond branch",
+    "cond, event recorded in a branch": "torch.cond branch",
+    "nested_compile_region, stream inside two calls": REGION_BODY,
+    **({"nested_compile_region": REGION_BODY} if KEEPS_TOP_LEVEL_REGION else {}),
+}
+for construct, where in STREAM_INSIDE.items():
+    for backend in ("userstreams", "userstreams_aot_eager"):
+        REFUSED.setdefault((construct, backend, "accelerator"), f"inside a {where}")
 
 
 @contextlib.contextmanager

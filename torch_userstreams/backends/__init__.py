@@ -16,12 +16,15 @@ idempotent). Importing this module patches nothing; the backends themselves are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compile import graph_compile
 from ..errors import UnsupportedPathError
+
+if TYPE_CHECKING:
+    from ..compile.table import UserObjectTable
 
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
@@ -126,14 +129,31 @@ def userstreams_aot_eager_backend(
     from .inductor_options import warn_ignored
 
     warn_ignored(mode, options)
-    if _compile_of("userstreams_aot_eager", gm) is None:
+    compile_ = _compile_of("userstreams_aot_eager", gm)
+    if compile_ is None:
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
     from .executor import compile_backward_with_streams, compile_with_streams
 
-    backend = aot_with_executor(compile_with_streams, compile_backward_with_streams)
+    table = compile_.table
+    backend = aot_with_executor(
+        _subgraphs_checked(compile_with_streams, table),
+        _subgraphs_checked(compile_backward_with_streams, table),
+    )
     return backend(gm, example_inputs)
+
+
+def _subgraphs_checked(compiler: Callable[..., Any], table: UserObjectTable) -> Callable[..., Any]:
+    """``compiler``, after ``refuse_streams_in_subgraphs``: the executor runs a subgraph's
+    node as one unit, on that node's stream, as ``userstreams`` does."""
+    from .subgraph_streams import refuse_streams_in_subgraphs
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        refuse_streams_in_subgraphs(gm, gm.graph.nodes, table)
+        return compiler(gm, example_inputs, **kwargs)
+
+    return compile_graph
 
 
 def aot_with_executor(forward: Callable[..., Any], backward: Callable[..., Any]) -> Any:
