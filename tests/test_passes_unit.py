@@ -296,6 +296,47 @@ def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
     assert any(u.target is operator.getitem for u in control.users)
 
 
+@pytest.mark.parametrize(
+    ("layout", "dep"),
+    [
+        # The read part is walked first, on the record's stream: the record follows the
+        # tuple through it, and not through the unread part, whose subgraph output
+        # AOTAutograd may drop.
+        ("read part first", "read"),
+        # Otherwise the unread part is the record's only way to follow the tuple.
+        ("read part after the record", "unread"),
+        ("read part on another stream", "unread"),
+    ],
+)
+def test_sync_ordering_follows_a_tuple_through_one_part(layout: str, dep: str) -> None:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    pair = node(graph, ops.aten.var_mean.correction, (x,), stream=1, backward=False)
+    pair.meta["val"] = (VAL, VAL)
+
+    def part(index: int, stream: int) -> torch.fx.Node:
+        return node(graph, operator.getitem, (pair, index), stream=stream, backward=False)
+
+    def record() -> None:
+        graph.call_function(ops.streams.record_event.default, (0, 1)).meta.update(
+            partitioner_tag="is_forward"
+        )
+
+    if layout == "read part after the record":
+        unread = part(1, stream=1)
+        record()
+        read = part(0, stream=1)
+    else:
+        read = part(0, stream=2 if layout == "read part on another stream" else 1)
+        unread = part(1, stream=1)
+        record()
+    graph.output((node(graph, ops.aten.neg.default, (read,), backward=False),))
+    gm = module(graph)
+    assert run(sync_ordering.WRAP, gm, GraphCompile())
+    (control,) = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
+    assert list(control.args[0]) == [{"read": read, "unread": unread}[dep]]
+
+
 def test_a_pass_run_before_what_it_requires_fails_naming_both() -> None:
     graph = torch.fx.Graph()
     graph.output(graph.placeholder("x"))

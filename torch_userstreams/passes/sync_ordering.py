@@ -77,16 +77,22 @@ def _multi_output(node: torch.fx.Node) -> bool:
     return isinstance(node.meta["val"], (tuple, list))
 
 
-def _unread_part(node: torch.fx.Node) -> bool:
-    """A getitem nothing reads, of a tuple that another getitem reads: a sync is ordered
-    after the tuple through that one. Depending on it kept it alive after AOTAutograd had
-    dropped the subgraph output it reads (two ``nested_compile_region`` calls under
-    ``with stream:``: ``IndexError`` in the backward)."""
+def _unread_part(node: torch.fx.Node, visited: set[torch.fx.Node]) -> bool:
+    """A getitem nothing reads, of a tuple whose getitem on the same stream and phase,
+    already walked, is read: a sync is ordered after the tuple through that one. Depending
+    on the unread one kept it alive after AOTAutograd had dropped the subgraph output it
+    reads (two ``nested_compile_region`` calls under ``with stream:``: ``IndexError`` in the
+    backward)."""
     if node.target is not operator.getitem or node.users:
         return False
     owner = node.args[0]
     return isinstance(owner, torch.fx.Node) and any(
-        part is not node and part.users for part in owner.users
+        part in visited
+        and part.users
+        and stream_of(part) == stream_of(node)
+        and is_backward(part) == is_backward(node)
+        for part in owner.users
+        if part is not node
     )
 
 
@@ -200,7 +206,7 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             node.op == "call_function"
             and "val" in node.meta
             and not _multi_output(node)
-            and not _unread_part(node)
+            and not _unread_part(node, visited)
         ):
             phases[is_backward(node)].setdefault(stream_of(node), []).append(node)
         node = following
