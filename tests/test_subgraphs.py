@@ -151,8 +151,20 @@ def stream_around_region_calls(
     return (a + b).sum()
 
 
-# Two calls of a region inside a checkpoint stay subgraph calls (Dynamo inlines a region it
-# meets at top level from torch 2.13 on), and Dynamo traces the body once for both.
+# Dynamo traces a region's body under the stream of its first call and reuses it for the
+# second: the body carries stream s, inherited, not a stream block of its own (it was
+# refused before, found in review).
+def region_on_a_stream_then_the_current_one(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    with s:
+        a = plain_region(x, w)
+    b = plain_region(x * 2, w)
+    return (a + b).sum()
+
+
+# Two calls of a region inside a checkpoint stay subgraph calls on every supported torch,
+# and Dynamo traces the body once for both.
 def stream_inside_region_calls(
     x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
 ) -> torch.Tensor:
@@ -174,6 +186,7 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "cond after a graph break": cond_after_a_graph_break,
     "nested_compile_region, stream around two calls": stream_around_region_calls,
     "nested_compile_region, stream inside two calls": stream_inside_region_calls,
+    "nested_compile_region, on a stream then not": region_on_a_stream_then_the_current_one,
 }
 
 
@@ -187,7 +200,8 @@ REFUSED = {
 }
 # Both backends run a construct that stays a subgraph as one unit on its caller's stream,
 # so a stream block inside it is refused on accelerator streams (on CPU streams, program
-# order makes that exact). Torch 2.11 and 2.12 keep a region met at top level a subgraph.
+# order makes that exact). Torch 2.11 and 2.12 keep ``nested_region``'s one call a
+# subgraph; later versions inline it, and its stream block runs on its stream.
 KEEPS_TOP_LEVEL_REGION = torch.__version__.startswith(("2.11.", "2.12."))
 REGION_BODY = "torch.compiler.nested_compile_region body"
 STREAM_INSIDE = {
@@ -199,7 +213,9 @@ STREAM_INSIDE = {
 }
 for construct, where in STREAM_INSIDE.items():
     for backend in ("userstreams", "userstreams_aot_eager"):
-        REFUSED.setdefault((construct, backend, "accelerator"), f"inside a {where}")
+        REFUSED.setdefault(
+            (construct, backend, "accelerator"), f"inside a {where} puts work on stream L['s']"
+        )
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 
 from ..compile.prologue import referenced_indices
-from ..compile.table import UserObjectTable
+from ..compile.table import UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..passes import sync_inference_graph_in_backend
@@ -53,13 +53,6 @@ log = logging.getLogger("torch_userstreams")
 
 Compiler = Callable[..., Any]
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
-
-
-def all_on_cpu(table: UserObjectTable | None) -> bool:
-    """Whether every stream and event of the graph's table is a CPU object."""
-    if table is None:
-        return True
-    return all(entry.device is None or entry.device.type == "cpu" for entry in table.entries)
 
 
 class StreamRegionsCompiler:

@@ -209,3 +209,10 @@ class UserObjectTable:
 def _device_of(example: Any) -> torch.device | None:
     device = getattr(example, "device", None)
     return device if isinstance(device, torch.device) else None
+
+
+def all_on_cpu(table: UserObjectTable | None) -> bool:
+    """Whether every stream and event of the graph's table is a CPU object."""
+    if table is None:
+        return True
+    return all(entry.device is None or entry.device.type == "cpu" for entry in table.entries)
