@@ -16,15 +16,12 @@ idempotent). Importing this module patches nothing; the backends themselves are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..compile import graph_compile
 from ..errors import UnsupportedPathError
-
-if TYPE_CHECKING:
-    from ..compile.table import UserObjectTable
 
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
@@ -37,7 +34,8 @@ def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCo
     Without streams or syncs such a graph needs nothing of the package, and the backend
     compiles it as its native counterpart does; with them it is refused, naming the graph
     and the fix. Nothing is installed behind the user's back: that would change what every
-    later eager call and compile sees.
+    later eager call and compile sees. A graph with a compile is checked for what neither
+    backend can run (``subgraph_streams``) before anything compiles.
     """
     compile_ = graph_compile.active_or_none()
     if compile_ is None:
@@ -45,6 +43,10 @@ def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCo
 
         if has_stream_work(gm):
             raise UnsupportedPathError(_refusal(backend, gm))
+        return None
+    from .subgraph_streams import refuse_streams_in_subgraphs
+
+    refuse_streams_in_subgraphs(gm, compile_.table)
     return compile_
 
 
@@ -129,31 +131,14 @@ def userstreams_aot_eager_backend(
     from .inductor_options import warn_ignored
 
     warn_ignored(mode, options)
-    compile_ = _compile_of("userstreams_aot_eager", gm)
-    if compile_ is None:
+    if _compile_of("userstreams_aot_eager", gm) is None:
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
     from .executor import compile_backward_with_streams, compile_with_streams
 
-    table = compile_.table
-    backend = aot_with_executor(
-        _subgraphs_checked(compile_with_streams, table),
-        _subgraphs_checked(compile_backward_with_streams, table),
-    )
+    backend = aot_with_executor(compile_with_streams, compile_backward_with_streams)
     return backend(gm, example_inputs)
-
-
-def _subgraphs_checked(compiler: Callable[..., Any], table: UserObjectTable) -> Callable[..., Any]:
-    """``compiler``, after ``refuse_streams_in_subgraphs``: the executor runs a subgraph's
-    node as one unit, on that node's stream, as ``userstreams`` does."""
-    from .subgraph_streams import refuse_streams_in_subgraphs
-
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-        refuse_streams_in_subgraphs(gm, gm.graph.nodes, table)
-        return compiler(gm, example_inputs, **kwargs)
-
-    return compile_graph
 
 
 def aot_with_executor(forward: Callable[..., Any], backward: Callable[..., Any]) -> Any:

@@ -47,7 +47,6 @@ from .regions import (
     without_streams,
 )
 from .reuse_syncs import resync_reuse
-from .subgraph_streams import refuse_streams_in_subgraphs
 
 log = logging.getLogger("torch_userstreams")
 
@@ -141,7 +140,6 @@ class StreamRegionsCompiler:
         strides: _OutputStrides,
     ) -> Step | None:
         _refuse_syncs_in_subgraphs(gm, region, self.table)
-        refuse_streams_in_subgraphs(gm, region.nodes, self.table)
         module = region_module(gm, region)
         if not module.outputs and not has_side_effects(region):
             return None  # nothing it makes is used or written: no work to launch

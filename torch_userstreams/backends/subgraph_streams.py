@@ -1,7 +1,7 @@
 """Stream blocks inside a subgraph that stays a subgraph: refused on accelerator streams.
 
-A ``torch.cond`` branch or a ``nested_compile_region`` body reaches the backends as a
-subgraph that one node calls (checkpointed functions do not: AOTAutograd inlines them).
+A ``torch.cond`` branch or a ``nested_compile_region`` body stays a subgraph that one node
+calls, through AOTAutograd (a checkpointed function does not: AOTAutograd inlines it).
 Both backends run that node as one unit on the node's own stream, so a ``with stream:``
 block inside the body would run on the caller's stream instead. On CPU that is exact (every
 stream runs in program order). On an accelerator it is a silent change of stream: an event
@@ -9,15 +9,16 @@ the user records on the block's stream no longer covers that work, and a consume
 on it can read before the work is done. Such graphs are refused, naming the construct, the
 stream and the line, and the way out: enter the stream around the call.
 
-A body also carries the stream of the call Dynamo traced it under, and Dynamo reuses one
-traced body for every call of a ``nested_compile_region``: an annotation that one of the
-body's callers has is that inheritance, and is not refused (each call runs on its own
-stream).
+The check reads Dynamo's graph, where a body's annotations are as traced. Dynamo traces a
+body under the stream of the call that first reaches it (in program order, which a walk of
+the graph and its subgraphs in node order follows) and reuses it for every later call of
+a ``nested_compile_region``: work annotated with that stream is the body's own, which runs
+on each caller's stream as in eager; any other annotation is a stream block in the body.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.fx
@@ -39,18 +40,15 @@ _CONSTRUCTS = {
 }
 
 
-def _annotated_inside(gm: torch.fx.GraphModule) -> Iterator[tuple[int, torch.fx.Node]]:
-    """(stream, node) for the work inside ``gm`` (and the subgraphs it calls) that carries a
-    stream annotation. A sync names its streams in its arguments: its annotation places no
-    work."""
+def _annotated_inside(gm: torch.fx.GraphModule) -> Iterator[tuple[int | None, torch.fx.Node]]:
+    """(stream, node) for the work inside ``gm`` and the subgraphs AOTAutograd inlines into
+    it (a checkpointed function's); a construct's own subgraph is checked on its own. A
+    sync names its streams in its arguments: its annotation places no work."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and not is_sync_op(node.target):
-            index = stream_of(node)
-            if index is not None:
-                yield index, node
-        elif node.op == "get_attr":
-            sub = getattr(gm, str(node.target), None)
-            if isinstance(sub, torch.fx.GraphModule):
+            yield stream_of(node), node
+        if _op_name(node) not in _CONSTRUCTS:
+            for sub in _subgraphs_called(gm, node):
                 yield from _annotated_inside(sub)
 
 
@@ -65,44 +63,43 @@ def _subgraphs_called(
             yield sub
 
 
-def _caller_streams(gm: torch.fx.GraphModule) -> dict[int, set[int | None]]:
-    """For each subgraph (by identity), the streams of the nodes that call it. Dynamo traces
-    a ``nested_compile_region`` body once and reuses it for every call, so the body carries
-    the stream of the call it was traced under: an annotation some caller has is inherited,
-    not a stream block inside the body (Dynamo cannot enter a stream it is already in)."""
-    callers: dict[int, set[int | None]] = {}
+def _kept_calls(
+    gm: torch.fx.GraphModule,
+) -> Iterator[tuple[torch.fx.Node, torch.fx.GraphModule]]:
+    """(calling node, subgraph) for each subgraph call of a construct that stays a subgraph,
+    in ``gm`` and every subgraph, in the order Dynamo traced them."""
     for node in gm.graph.nodes:
         for sub in _subgraphs_called(gm, node):
-            callers.setdefault(id(sub), set()).add(stream_of(node))
-    return callers
+            if _op_name(node) in _CONSTRUCTS:
+                yield node, sub
+            yield from _kept_calls(sub)
 
 
-def _construct(node: torch.fx.Node) -> tuple[str, str]:
-    name = getattr(node.target, "__name__", str(node.target))
-    return _CONSTRUCTS.get(name, (f"{name} subgraph", f"the {name} call"))
+def _op_name(node: torch.fx.Node) -> str:
+    return getattr(node.target, "__name__", str(node.target))
 
 
-def refuse_streams_in_subgraphs(
-    gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node], table: UserObjectTable | None
-) -> None:
-    """Raise if a subgraph that one of ``nodes`` calls has work in a stream block of its
-    own: annotated with an accelerator stream that none of the subgraph's callers runs on."""
-    if table is None or all_on_cpu(table):
+def refuse_streams_in_subgraphs(gm: torch.fx.GraphModule, table: UserObjectTable) -> None:
+    """Raise if the body of a construct that stays a subgraph has a stream block of its
+    own on an accelerator stream. ``gm`` is Dynamo's graph."""
+    if all_on_cpu(table):
         return
-    callers = _caller_streams(gm)
-    for node in nodes:
-        for sub in _subgraphs_called(gm, node):
-            allowed = callers[id(sub)]
-            for index, inner in _annotated_inside(sub):
-                if index in allowed or table.device(index).type == "cpu":
-                    continue
-                if None in allowed and table.entries[index].kind is EntryKind.CURRENT_STREAM:
-                    continue  # the current stream, named: where an unannotated caller runs
-                raise UnsupportedPathError(_refusal(table, node, inner, index))
+    checked: set[int] = set()
+    for node, sub in _kept_calls(gm):
+        if id(sub) in checked:
+            continue  # a later call of a reused body: traced under the first one's stream
+        checked.add(id(sub))
+        traced_under = stream_of(node)
+        for index, inner in _annotated_inside(sub):
+            if index is None or index == traced_under or table.device(index).type == "cpu":
+                continue
+            if traced_under is None and table.entries[index].kind is EntryKind.CURRENT_STREAM:
+                continue  # the current stream, named: where the body runs anyway
+            raise UnsupportedPathError(_refusal(table, node, inner, index))
 
 
 def _refusal(table: UserObjectTable, node: torch.fx.Node, inner: torch.fx.Node, index: int) -> str:
-    body, call = _construct(node)
+    body, call = _CONSTRUCTS[_op_name(node)]
     lines = [ln.strip() for ln in (inner.meta.get("stack_trace") or "").splitlines()]
     where = next((f" ({ln})" for ln in reversed(lines) if ln.startswith("File ")), "")
     return (
