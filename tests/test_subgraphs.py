@@ -98,6 +98,22 @@ def event_recorded_in_a_plain_cond_branch(
     return out.sum()
 
 
+# A tensor method is a call_method node in Dynamo's graph: this one compiled before, its
+# block silently on the caller's stream (found in review).
+def cond_branch_with_a_method_block(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    def streamed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with s:
+            y = x.sin()
+        return y
+
+    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x * w).cos()
+
+    return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
+
+
 region = torch.compiler.nested_compile_region(on_stream)
 
 
@@ -258,6 +274,7 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     ),
     "checkpoint after a graph break": checkpoint_after_a_graph_break,
     "cond after a graph break": cond_after_a_graph_break,
+    "cond, a tensor method in a branch's block": cond_branch_with_a_method_block,
     "nested_compile_region, stream around two calls": stream_around_region_calls,
     "nested_compile_region, stream inside two calls": stream_inside_region_calls,
     "nested_compile_region, on a stream then not": region_on_a_stream_then_the_current_one,
@@ -290,6 +307,7 @@ REGION_BODY = "torch.compiler.nested_compile_region body"
 STREAM_INSIDE = {
     "cond": "torch.cond branch",
     "cond after a graph break": "torch.cond branch",
+    "cond, a tensor method in a branch's block": "torch.cond branch",
     "cond, event recorded in a branch": "torch.cond branch",
     "nested_compile_region, stream inside two calls": REGION_BODY,
     "nested_compile_region, a block, called off then on its stream": REGION_BODY,
@@ -380,3 +398,30 @@ def test_capture_partitions_a_checkpointed_sync_as_the_backend_does() -> None:
     want = grads(compiled)
     torch._dynamo.reset()
     torch.testing.assert_close(grads(captured), want)
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams", "userstreams_aot_eager"])
+def test_a_stream_block_in_a_scan_function_is_refused_on_accelerator_streams(
+    backend: str,
+) -> None:
+    """Every higher-order op that AOTAutograd does not inline keeps its subgraph and runs it
+    as one unit, ``scan`` too (it compiled before, the block on the caller's stream; found
+    in review)."""
+    from torch._higher_order_ops.scan import scan
+
+    def fn(init: torch.Tensor, xs: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+        def combine(carry: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with s:
+                y = carry * x
+            return y, y.clone()
+
+        return scan(combine, init, xs)[0]
+
+    with fake_accelerator():
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+            torch.compile(fn, backend=backend)(
+                torch.ones(3), torch.rand(4, 3), FakeAcceleratorStream()
+            )
+    assert isinstance(info.value.inner_exception, UnsupportedPathError)
+    assert "a `with stream:` block inside a scan combine function puts work" in str(info.value)

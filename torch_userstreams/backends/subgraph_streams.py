@@ -1,7 +1,8 @@
 """Stream blocks inside a subgraph that stays a subgraph: refused on accelerator streams.
 
-A ``torch.cond`` branch or a ``nested_compile_region`` body stays a subgraph that one node
-calls, through AOTAutograd (a checkpointed function does not: AOTAutograd inlines it).
+A ``torch.cond`` branch or a ``nested_compile_region`` body (or a ``scan``, ``map`` or
+``while_loop`` function) stays a subgraph that one node calls, through AOTAutograd (a
+checkpointed function does not: AOTAutograd inlines it).
 Both backends run that node as one unit on the node's own stream, so a ``with stream:``
 block inside the body would run on the caller's stream instead. On CPU that is exact (every
 stream runs in program order). On an accelerator it is a silent change of stream: an event
@@ -29,7 +30,8 @@ from ..fx.control_deps import is_control_deps
 from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 
-# What users wrote, for the higher-order ops that keep their subgraphs: (body, call).
+# What users wrote, for the constructs whose subgraphs stay subgraphs: (body, call). Any
+# other higher-order op with a subgraph is treated the same (``_names``).
 _CONSTRUCTS = {
     "cond": ("torch.cond branch", "the torch.cond call"),
     "invoke_subgraph": (
@@ -37,17 +39,34 @@ _CONSTRUCTS = {
         "the call of the nested_compile_region function",
     ),
     "while_loop": ("torch.while_loop function", "the torch.while_loop call"),
+    "scan": ("scan combine function", "the scan call"),
+    "map_impl": ("torch.map function", "the map call"),
 }
+# Higher-order ops whose subgraphs AOTAutograd inlines into the graph that calls them: their
+# nodes run on their own annotations, so a stream block there is fine. Every other op that
+# calls a subgraph is taken to keep it (a wrong guess refuses loudly, never runs silently).
+_INLINED = frozenset(
+    {
+        "tag_activation_checkpoint",
+        "wrap_activation_checkpoint",
+        "wrap",
+        "wrap_with_set_grad_enabled",
+        "wrap_with_autocast",
+        "autograd_function_apply",
+    }
+)
+_WORK = ("call_function", "call_method", "call_module")
 
 
 def _annotated_inside(gm: torch.fx.GraphModule) -> Iterator[tuple[int | None, torch.fx.Node]]:
     """(stream, node) for the work inside ``gm`` and the subgraphs AOTAutograd inlines into
     it (a checkpointed function's); a construct's own subgraph is checked on its own. A
-    sync names its streams in its arguments: its annotation places no work."""
+    sync names its streams in its arguments: its annotation places no work. In Dynamo's
+    graph a tensor method (``x.sin()``) is a ``call_method`` node."""
     for node in gm.graph.nodes:
-        if node.op == "call_function" and not is_sync_op(node.target):
+        if node.op in _WORK and not is_sync_op(node.target):
             yield stream_of(node), node
-        if _op_name(node) not in _CONSTRUCTS:
+        if _op_name(node) in _INLINED:
             for sub in _subgraphs_called(gm, node):
                 yield from _annotated_inside(sub)
 
@@ -64,19 +83,28 @@ def _subgraphs_called(
 
 
 def _kept_calls(
-    gm: torch.fx.GraphModule,
+    gm: torch.fx.GraphModule, walked: set[int] | None = None
 ) -> Iterator[tuple[torch.fx.Node, torch.fx.GraphModule]]:
-    """(calling node, subgraph) for each subgraph call of a construct that stays a subgraph,
-    in ``gm`` and every subgraph, in the order Dynamo traced them."""
+    """(calling node, subgraph) for each subgraph call of a construct that keeps it, in
+    ``gm`` and every subgraph, in the order Dynamo traced them. A body reused by several
+    calls is walked into once."""
+    walked = set() if walked is None else walked
     for node in gm.graph.nodes:
         for sub in _subgraphs_called(gm, node):
-            if _op_name(node) in _CONSTRUCTS:
+            if _op_name(node) not in _INLINED:
                 yield node, sub
-            yield from _kept_calls(sub)
+            if id(sub) not in walked:
+                walked.add(id(sub))
+                yield from _kept_calls(sub, walked)
 
 
 def _op_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
+
+
+def _names(node: torch.fx.Node) -> tuple[str, str]:
+    name = _op_name(node)
+    return _CONSTRUCTS.get(name, (f"{name} subgraph", f"the {name} call"))
 
 
 def refuse_streams_in_subgraphs(gm: torch.fx.GraphModule, table: UserObjectTable) -> None:
@@ -99,7 +127,7 @@ def refuse_streams_in_subgraphs(gm: torch.fx.GraphModule, table: UserObjectTable
 
 
 def _refusal(table: UserObjectTable, node: torch.fx.Node, inner: torch.fx.Node, index: int) -> str:
-    body, call = _CONSTRUCTS[_op_name(node)]
+    body, call = _names(node)
     lines = [ln.strip() for ln in (inner.meta.get("stack_trace") or "").splitlines()]
     where = next((f" ({ln})" for ln in reversed(lines) if ln.startswith("File ")), "")
     return (
