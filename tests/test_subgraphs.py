@@ -1,5 +1,7 @@
 """Streams inside subgraphs: checkpointed functions, ``nested_compile_region`` and
-``torch.cond`` branches compile with both package backends and give eager's gradients.
+``torch.cond`` branches compile with both package backends and give eager's gradients, or
+are refused at compile time with an error naming the construct (``REFUSED``): on
+accelerator streams, a stream block inside a subgraph that stays a subgraph.
 
 On CPU streams (every sync satisfied by program order) and on the fake accelerator (the
 ``userstreams`` graph runs as regions on its streams, the constructs' subgraphs inside them).
