@@ -274,10 +274,13 @@ def _same_stream_graph() -> torch.fx.Graph:
     return graph
 
 
-@pytest.mark.skipif(
+needs_control_deps = pytest.mark.skipif(
     not hasattr(torch._functorch._aot_autograd.streams, "_wrap_sync_node"),
     reason="torch 2.11 does not wrap syncs in control_deps",
 )
+
+
+@needs_control_deps
 def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -296,6 +299,7 @@ def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
     assert any(u.target is operator.getitem for u in control.users)
 
 
+@needs_control_deps
 @pytest.mark.parametrize(
     ("layout", "dep"),
     [
