@@ -32,6 +32,11 @@ def on_stream(x: torch.Tensor, w: torch.Tensor, s: torch.Stream) -> torch.Tensor
     return y * w
 
 
+def plain_branch(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The branch of a ``torch.cond`` without streams."""
+    return (x * w).cos()
+
+
 def checkpointed(x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event) -> torch.Tensor:
     return checkpoint(on_stream, x, w, s, use_reentrant=False).sum()  # type: ignore[no-any-return]
 
@@ -77,10 +82,7 @@ def event_recorded_in_cond_branch(
         e.record(s)
         return y
 
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
-    out = torch.cond(x.sum() > 0, streamed, plain, (x, w))
+    out = torch.cond(x.sum() > 0, streamed, plain_branch, (x, w))
     e.wait(s)
     return out.sum()
 
@@ -92,10 +94,7 @@ def event_recorded_in_a_plain_cond_branch(
         e.record(s)
         return (x * w).sin() * w
 
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
-    out = torch.cond(x.sum() > 0, recorded, plain, (x, w))
+    out = torch.cond(x.sum() > 0, recorded, plain_branch, (x, w))
     e.wait(s)
     return out.sum()
 
@@ -110,10 +109,7 @@ def cond_branch_with_a_method_block(
             y = x.sin()
         return y
 
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
-    return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
+    return torch.cond(x.sum() > 0, streamed, plain_branch, (x, w)).sum()
 
 
 region = torch.compiler.nested_compile_region(on_stream)
@@ -130,10 +126,7 @@ def cond_branch(x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Even
         with s:
             return (x * w).sin() * w
 
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
-    return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
+    return torch.cond(x.sum() > 0, streamed, plain_branch, (x, w)).sum()
 
 
 # The next two failed to compile before (a hostile test pass): a lookup traced in a resume
@@ -157,11 +150,8 @@ def cond_after_a_graph_break(
         with s:
             return (x * w).sin() * w
 
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
     torch._dynamo.graph_break()
-    return torch.cond(x.sum() > 0, streamed, plain, (x, w)).sum()
+    return torch.cond(x.sum() > 0, streamed, plain_branch, (x, w)).sum()
 
 
 def _scaled_sine(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -202,11 +192,8 @@ def region_on_a_stream_then_the_current_one(
 def region_as_a_cond_branch_on_a_stream_then_called(
     x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
 ) -> torch.Tensor:
-    def plain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * w).cos()
-
     with s:
-        a = torch.cond(x.sum() > 0, plain_region, plain, (x, w))
+        a = torch.cond(x.sum() > 0, plain_region, plain_branch, (x, w))
     b = plain_region(x * 2, w)
     return (a + b).sum()
 
