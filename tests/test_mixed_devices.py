@@ -18,10 +18,12 @@ from torch_userstreams.errors import UnsupportedPathError
 from torch_userstreams.fx.meta import set_stream
 from torch_userstreams.fx.ops import is_sync_op
 from torch_userstreams.passes import backward_syncs, dealloc_syncs
+from torch_userstreams.patch.install import installed
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing import capture
 from torch_userstreams.testing.fake_accelerator import (
     DEVICE,
+    FakeAcceleratorEvent,
     FakeAcceleratorStream,
     fake_accelerator,
 )
@@ -49,6 +51,40 @@ def test_cpu_tensors_in_accelerator_streams_train_like_eager() -> None:
     made_by_passes = [e for e in table.entries if e.phase is Phase.BACKWARD]
     assert made_by_passes, table.describe()
     assert {e.device for e in made_by_passes} == {DEVICE}, table.describe()
+
+
+def cpu_and_accelerator_streams(
+    x: torch.Tensor, accelerator: torch.Stream, cpu: torch.Stream, done: torch.Event
+) -> torch.Tensor:
+    with cpu:
+        y = x.sin()
+    with accelerator:
+        z = y * x  # y crosses from a CPU stream to an accelerator stream: host-ordered
+    done.record(accelerator)
+    done.wait()
+    return z + y
+
+
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_cpu_tensors_across_a_cpu_and_an_accelerator_stream_train_like_eager(
+    backend: str,
+) -> None:
+    """No event orders a CPU stream and an accelerator stream, and none is needed for CPU
+    tensors: the host ran both blocks in program order. Inductor's backend refused this
+    (helper-51): its check that every cross-stream buffer's reuse is synced wanted the
+    event the dealloc pass rightly did not make."""
+    x = torch.tensor([0.1, 0.5, -0.3], requires_grad=True)
+    with fake_accelerator():
+        args = (FakeAcceleratorStream(), SimStream(device="cpu"), FakeAcceleratorEvent())
+        run = capture(cpu_and_accelerator_streams, x, *args, backend=backend)
+        ex = x.detach().clone().requires_grad_()
+        expected = cpu_and_accelerator_streams(ex, *args)
+        expected.sum().backward()
+        with torch.no_grad(), installed():  # an inference graph: compiled afresh
+            inferred = run.compiled(x, *args)
+    torch.testing.assert_close(run.result, expected)
+    torch.testing.assert_close(x.grad, ex.grad)
+    torch.testing.assert_close(inferred, expected.detach())
 
 
 # -- the rule, on hand-built backward graphs ------------------------------------------------

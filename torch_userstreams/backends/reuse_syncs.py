@@ -30,6 +30,7 @@ from ..errors import UnsupportedPathError
 from ..fx.control_deps import alias_of, is_passthrough, sync_of
 from ..fx.meta import device_of, record
 from ..fx.ops import made_by, op_name
+from ..passes.devices import host_ordered
 from .regions import runs_on
 
 NAME = "reuse_syncs"
@@ -128,6 +129,8 @@ def resync_reuse(gm: torch.fx.GraphModule, table: UserObjectTable) -> list[str]:
         owner = uses.made_on.get(buffer)
         if owner is None or owner == reader or buffer in escaped:
             continue
+        if host_ordered(device_of(buffer), table.device(owner), table.device(reader)):
+            continue  # the dealloc pass rightly made no sync for it
         if syncs.covers(buffer, owner, reader, position[last]):
             continue
         event = syncs.event_for(buffer, reader)

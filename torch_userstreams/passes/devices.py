@@ -26,6 +26,13 @@ def stream_device(node: torch.fx.Node, compile_: GraphCompile) -> torch.device:
     return device_of(node) if index is None else compile_.table.device(index)
 
 
+def host_ordered(value: torch.device, first: torch.device, second: torch.device) -> bool:
+    """Whether a tensor on ``value`` used on streams of ``first`` and ``second`` needs no
+    event: a CPU tensor between a CPU and an accelerator stream is only ever touched by the
+    host, in program order (and no event could order those two streams anyway)."""
+    return value.type == "cpu" and first.type != second.type
+
+
 def event_device(
     value: torch.fx.Node, recorder: torch.fx.Node, waiter: torch.fx.Node, compile_: GraphCompile
 ) -> torch.device | None:
@@ -40,7 +47,7 @@ def event_device(
     if recorded_on.type == waited_on.type:
         return recorded_on
     device = device_of(value)
-    if device.type == "cpu":
+    if host_ordered(device, recorded_on, waited_on):
         return None
     raise UnsupportedPathError(
         f"torch_userstreams: graph {compile_.table.graph_name} uses the {device} tensor "
