@@ -46,6 +46,35 @@ def test_graph_created_objects_are_fresh_per_call_and_returned(backend: str) -> 
     assert len({id(done) for _, _, done in results}) == 3
 
 
+def enters_as(x: torch.Tensor, passed: torch.Stream) -> tuple[object, ...]:
+    with passed as entered:
+        made = torch.Stream(device="cpu")
+        with made as entered_made:
+            y = x * 2
+        done = torch.Event(device="cpu")
+        done.record(entered_made)
+    with torch.cpu.stream(passed) as context:  # a StreamContext: None, in eager too
+        y = y + 1
+    done.wait()
+    return y, entered, made, entered_made, done, context
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "userstreams", "userstreams_aot_eager"])
+def test_with_stream_as_name_binds_the_stream_as_in_eager(backend: str) -> None:
+    """``with s as t:`` binds ``t`` to ``s``; Dynamo bound None (helper-51)."""
+    passed = SimStream(device="cpu")
+    compiled = torch.compile(enters_as, backend=backend)
+    for _ in range(2):
+        y, entered, made, entered_made, done, context = compiled(torch.ones(2), passed)
+        assert torch.equal(y, torch.full((2,), 3.0))
+        assert entered is passed
+        assert isinstance(made, SimStream) and entered_made is made
+        if backend != "userstreams":  # which drops CPU syncs: program order makes them moot
+            assert done.log[0] == ("record", made), "recorded on the stream entered as a name"
+        assert context is None
+
+
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_syncs_resolve_to_this_calls_objects(backend: str) -> None:

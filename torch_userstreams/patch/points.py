@@ -95,6 +95,14 @@ _COMMON = (
     ),
     PatchPoint(
         STREAMS,
+        "StreamContextVariable.enter",
+        "patch.stream_enter.wrap_enter",
+        ("self", "tx", "args"),
+        aliases=False,
+        wraps=True,
+    ),
+    PatchPoint(
+        STREAMS,
         "EventVariable._get_stream_arg",
         "patch.event_stream_arg.wrap_get_stream_arg",
         ("tx", "args", "kwargs"),
