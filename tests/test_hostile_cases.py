@@ -4,6 +4,7 @@ its fix; the comment at each test says what it did then."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pass_programs import simulated_eager
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
 from torch_userstreams.errors import NotCompilingError, UnsupportedPathError, UserObjectError
+from torch_userstreams.fx.meta import stream_of
 from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
@@ -777,3 +779,76 @@ def test_a_sync_steps_own_lookup_error_is_raised_once() -> None:
     with pytest.raises(UserObjectError, match="outside any compiled call") as exc:
         program.run([None])
     assert exc.value.__context__ is None
+
+
+def nested_blocks(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        a = x.sin()
+        with s:  # a helper making sure it runs on the side stream, already current
+            b = a * 2
+        c = b + 1  # still on s after the inner block
+    return c.exp()
+
+
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "fake-accelerator"])
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_a_stream_block_nested_in_its_own_block_runs_on_it(backend: str, accelerator: bool) -> None:
+    """Dynamo failed with ``AssertionError: multiple exits?`` (helper-51)."""
+    x = torch.randn(5, requires_grad=True)
+    with fake_accelerator() if accelerator else contextlib.nullcontext():
+        s = FakeAcceleratorStream() if accelerator else SimStream(device="cpu")
+        run = capture(nested_blocks, x, s, backend=backend)
+        ex = x.detach().clone().requires_grad_()
+        expected = nested_blocks(ex, s)
+        expected.sum().backward()
+    torch.testing.assert_close(run.result, expected)
+    torch.testing.assert_close(x.grad, ex.grad)
+    (forward,) = run.forward
+    (table,) = run.tables
+    (entry,) = [e for e in table.entries if e.origin == "L['s']"]
+    on_s = {n.target for n in forward.graph.nodes if stream_of(n) == entry.index}
+    aten = torch.ops.aten
+    assert {aten.sin.default, aten.mul.Tensor, aten.add.Tensor} <= on_s, forward.graph
+    assert aten.exp.default not in on_s, forward.graph
+
+
+def reentered_across_another(x: torch.Tensor, s: torch.Stream, t: torch.Stream) -> torch.Tensor:
+    with s:
+        with t:
+            with s:
+                y = x.sin()
+    return y
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_stream_reentered_while_another_is_current_is_a_graph_break_naming_it() -> None:
+    s, t = SimStream(device="cpu"), SimStream(device="cpu")
+    compiled = torch.compile(reentered_across_another, backend="userstreams", fullgraph=True)
+    with pytest.raises(torch._dynamo.exc.Unsupported) as info:
+        compiled(torch.ones(2), s, t)
+    message = str(info.value)
+    assert "entered again while another stream's block inside it is current" in message
+    assert "Drop the inner `with L['s']:`" in message, message
+
+
+@torch.compiler.nested_compile_region
+def region_on_its_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        return x.sin()
+
+
+def region_called_on_the_same_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    with s:
+        y = region_on_its_stream(x, s)
+    return region_on_its_stream(y, s)
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_stream_reentered_in_a_region_body_is_refused_naming_it() -> None:
+    """Traced on the stream, the inner block would be invisible in the body, which the
+    second call reuses off the stream: its work would silently leave the stream."""
+    compiled = torch.compile(region_called_on_the_same_stream, backend="userstreams_aot_eager")
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException) as info:
+        compiled(torch.ones(2), SimStream(device="cpu"))
+    message = str(info.value)
+    assert "entered again inside the body of a higher-order op" in message, message

@@ -93,13 +93,16 @@ _COMMON = (
         aliases=False,
         wraps=True,
     ),
-    PatchPoint(
-        STREAMS,
-        "StreamContextVariable.enter",
-        "patch.stream_enter.wrap_enter",
-        ("self", "tx", "args"),
-        aliases=False,
-        wraps=True,
+    *(
+        PatchPoint(
+            STREAMS,
+            f"StreamContextVariable.{handler}",
+            f"patch.stream_blocks.wrap_{handler}",
+            ("self", "tx", "args"),
+            aliases=False,
+            wraps=True,
+        )
+        for handler in ("enter", "exit")
     ),
     PatchPoint(
         STREAMS,

@@ -24,7 +24,9 @@ TORCH = "torch"  # a request from torch's own code (Dynamo, AOTAutograd) while c
 FORWARD = Phase.FORWARD
 
 
-def _source_name(source: Any) -> str:
+def source_name(source: Any) -> str:
+    """A Dynamo source as the user's code reaches it (``L['s']``): a method up to torch
+    2.13, a property after."""
     name = source.name
     return name() if callable(name) else str(name)
 
@@ -38,7 +40,7 @@ def register_user_object(value: Any, source: Any) -> int:
         emit = emitters.current_stream(source.device)
         return table.add_current_stream(source.device, emit, value, added_by=DYNAMO)
     emit = emitters.from_source(source)
-    return table.add(EntryKind.INPUT, _source_name(source), emit, value, added_by=DYNAMO)
+    return table.add(EntryKind.INPUT, source_name(source), emit, value, added_by=DYNAMO)
 
 
 class ConstructSpec:
