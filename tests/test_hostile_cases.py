@@ -455,23 +455,38 @@ def viewed_on(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
     return y + 1
 
 
+def back_on_its_own_main_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
+    main = torch.Stream(device="cpu")  # the demo's CPU blocks make their main stream
+    s.wait_stream(main)
+    with s:
+        a = x.sin()
+    main.wait_stream(s)
+    with main:
+        return a + x.cos()
+
+
 @pytest.mark.usefixtures("installed")
-def test_native_inductors_undefined_stream_is_named_with_the_fix() -> None:
-    """Inductor 2.12+ enters ``stream1`` in its CPU code without defining it: every call of
-    such a graph failed with ``NameError: name 'stream1' is not defined`` (natively too),
-    naming neither the graph nor what compiles it. Inductor 2.11 ignores the annotation."""
+@pytest.mark.parametrize("fn", [doubled_on, back_on_its_own_main_stream], ids=lambda f: f.__name__)
+def test_native_inductors_undefined_stream_is_named_with_the_fix(fn: Callable[..., Any]) -> None:
+    """Inductor 2.12+ enters ``stream1`` (or ``default_stream``, for a stream the function
+    made and entered last) in its CPU code without defining it: every call of such a graph
+    failed with ``NameError: name 'stream1' is not defined`` (natively too), naming neither
+    the graph nor what compiles it (the ``default_stream`` spelling: helper-52). Inductor
+    2.11 ignores the annotation."""
     x, s = torch.rand(3, 2), torch.Stream(device="cpu")
-    native = torch.compile(doubled_on, backend="inductor")
+    with simulated_eager():  # eager CPU events cannot record
+        expected = fn(x, SimStream(device="cpu"))
+    native = torch.compile(fn, backend="inductor")
     try:
         out = native(x, s)
     except UnsupportedPathError as exc:
-        assert "graph doubled_on" in str(exc) and "backend='userstreams'" in str(exc)
+        assert f"graph {fn.__name__}" in str(exc) and "backend='userstreams'" in str(exc)
         assert isinstance(exc.__cause__, NameError)
     else:
         assert torch.__version__.startswith("2.11."), "Inductor 2.12+ enters user streams"
-        torch.testing.assert_close(out, doubled_on(x, s))
-    fixed = torch.compile(doubled_on, backend="userstreams")
-    torch.testing.assert_close(fixed(x, s), doubled_on(x, s))
+        torch.testing.assert_close(out, expected)
+    fixed = torch.compile(fn, backend="userstreams")
+    torch.testing.assert_close(fixed(x, s), expected)
     # Only a view on the stream: no kernel runs there, and Inductor's code works.
     torch.testing.assert_close(torch.compile(viewed_on, backend="inductor")(x, s), viewed_on(x, s))
 

@@ -114,7 +114,8 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
     return run
 
 
-_INDUCTOR_STREAM_NAME = re.compile(r"name '(stream\d+)' is not defined")
+# Inductor's names for the streams it enters (``torch._inductor.stream_constants``).
+_INDUCTOR_STREAM_NAME = re.compile(r"name '(stream\d+|default_stream)' is not defined")
 
 
 def _undefined_stream(bound: BoundGraph, exc: NameError) -> UnsupportedPathError | None:
