@@ -309,8 +309,8 @@ for construct, where in STREAM_INSIDE.items():
         )
 
 
-# Torch 2.11 fails on these with or without the package: Dynamo's "multiple exits?"
-# assertion on a stream block entered while inside it, and an IndexError in AOTAutograd for
+# Torch 2.11 fails on these natively: Dynamo's "multiple exits?" assertion on a stream
+# block entered while inside it, and an IndexError in AOTAutograd for
 # a region first met as a cond branch (the same with native aot_eager and no streams).
 FAILS_NATIVELY_ON_2_11 = {
     "nested_compile_region, a block, called off then on its stream",

@@ -56,9 +56,10 @@ def drop_leaked_stream_annotation() -> object | None:
     """Drop the stream annotation of the ambient trace state; return it, or None if unset.
 
     Dynamo enters ``with stream:`` by running ``fx.traceback.annotate({"stream": i})`` for
-    real, and exits it when the trace cleans up. A trace that fails inside (upstream Dynamo
-    raises "multiple exits?" on ``with s1: with s2: with s1:``) never exits, and every node
-    of every later trace, Dynamo's or ``make_fx``'s, would run on stream ``i``."""
+    real, and exits it when the trace cleans up. A trace that fails inside without exiting
+    (upstream Dynamo's "multiple exits?" on ``with s1: with s2: with s1:`` did, before
+    ``patch.stream_blocks`` made that a graph break) leaves it set, and every node of every
+    later trace, Dynamo's or ``make_fx``'s, would run on stream ``i``."""
     from torch.fx import traceback as fx_traceback
 
     custom = fx_traceback.current_meta.get(CUSTOM)
