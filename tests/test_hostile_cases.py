@@ -853,7 +853,8 @@ def test_a_stream_reentered_while_another_is_current_is_a_graph_break_naming_it(
     with pytest.raises(torch._dynamo.exc.Unsupported) as info:
         compiled(torch.ones(2), s, t)
     message = str(info.value)
-    assert "entered again while another stream's block inside it is current" in message
+    assert "(L['s']) nested in a block of the same stream" in message, message
+    assert "entered again while the innermost block is not this stream's" in message, message
     assert "Drop the inner `with L['s']:`" in message, message
 
 

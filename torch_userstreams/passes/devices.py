@@ -27,9 +27,11 @@ def stream_device(node: torch.fx.Node, compile_: GraphCompile) -> torch.device:
 
 
 def host_ordered(value: torch.device, first: torch.device, second: torch.device) -> bool:
-    """Whether a tensor on ``value`` used on streams of ``first`` and ``second`` needs no
-    event: a CPU tensor between a CPU and an accelerator stream is only ever touched by the
-    host, in program order (and no event could order those two streams anyway)."""
+    """Whether a tensor on ``value`` used on streams of ``first`` and ``second`` gets no
+    event: no event can order a CPU stream with an accelerator stream, and work on a CPU
+    tensor runs on the host, in program order. The exception is a ``non_blocking`` copy
+    from pinned memory to the accelerator, which reads the CPU buffer later on the
+    accelerator's stream; nothing here orders the buffer's reuse after it."""
     return value.type == "cpu" and first.type != second.type
 
 

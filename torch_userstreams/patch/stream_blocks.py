@@ -69,9 +69,10 @@ def _reenter(stream: Any, tx: Any) -> None:
     if state.cur_stream() is not stream:
         _graph_break(
             stream,
-            "while another stream's block inside it is current. Inside a `with stream:` "
-            "block Dynamo cannot resume after a graph break: the whole function runs "
-            "eagerly, uncompiled.",
+            "while the innermost block is not this stream's (another stream's block, or a "
+            "block of a stream reached another way, such as torch.accelerator."
+            "current_stream()). Dynamo cannot resume inside a `with stream:` block, so the "
+            "rest of the function runs uncompiled (with fullgraph=True, this is an error).",
         )
     if tx.output.current_tracer.parent is not None:
         _graph_break(stream, "inside the body of a higher-order op (torch.cond, a region).")
@@ -82,13 +83,18 @@ def _reenter(stream: Any, tx: Any) -> None:
 def _graph_break(stream: Any, where: str) -> None:
     from torch._dynamo.exc import unimplemented
 
-    name = repr(stream) if stream.source is None else source_name(stream.source)
+    if stream.source is None:
+        name, block = "a stream the function made", "the inner block of that stream"
+    else:
+        name = source_name(stream.source)
+        block = f"the inner `with {name}:`"
     unimplemented(
         gb_type=GRAPH_BREAK_TYPE,
         context=name,
         explanation=(
-            f"torch_userstreams compiles a `with {name}:` block nested in a block of the "
-            f"same stream only directly inside it; here it is entered again {where}"
+            f"A stream's block ({name}) nested in a block of the same stream compiles when "
+            "it is the innermost stream block, outside higher-order op bodies; here it is "
+            f"entered again {where}"
         ),
-        hints=[f"Drop the inner `with {name}:`: its code already runs on that stream."],
+        hints=[f"Drop {block}: its code already runs on that stream."],
     )

@@ -127,7 +127,7 @@ def _undefined_stream(bound: BoundGraph, exc: NameError) -> UnsupportedPathError
         return None
     return UnsupportedPathError(
         f"torch_userstreams: the code Inductor generated for graph {bound.table.graph_name} "
-        f"enters user stream {found.group(1)!r} without defining it: native "
+        f"enters a user stream ({found.group(1)!r} in that code) without defining it: native "
         "backend='inductor' cannot run work on a user stream with CPU tensors (it fails "
         "natively too). Use torch.compile(fn, backend='userstreams'), which compiles such a "
         "graph with Inductor, without its stream annotations (exact on CPU)."
