@@ -484,9 +484,11 @@ def test_native_inductors_undefined_stream_is_named_with_the_fix(fn: Callable[..
     failed with ``NameError: name 'stream1' is not defined`` (natively too), naming neither
     the graph nor what compiles it (the ``default_stream`` spelling: helper-52). Inductor
     2.11 ignores the annotation."""
-    x, s = torch.rand(3, 2), torch.Stream(device="cpu")
-    with simulated_eager():  # eager CPU events cannot record
-        expected = fn(x, SimStream(device="cpu"))
+    # A simulated stream: Inductor 2.11 keeps the graph's wait_stream, which a native CPU
+    # stream cannot run (no CPU events), natively too.
+    x, s = torch.rand(3, 2), SimStream(device="cpu")
+    with simulated_eager():
+        expected = fn(x, s)
     native = torch.compile(fn, backend="inductor")
     try:
         out = native(x, s)
