@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo.testing
 import torch.fx
 from helpers import doubled_on_a_side_stream, forget_bindings, last_binding
 from pass_programs import simulated_eager
@@ -858,6 +859,18 @@ def test_a_stream_reentered_while_another_is_current_is_a_graph_break_naming_it(
     assert "(L['s']) nested in a block of the same stream" in message, message
     assert "entered again while the innermost block is not this stream's" in message, message
     assert "Drop the inner `with L['s']:`" in message, message
+    assert "the function runs eagerly: nothing in it compiles" in message, message
+
+
+@pytest.mark.usefixtures("installed")
+def test_without_fullgraph_a_reentered_stream_runs_the_function_eagerly() -> None:
+    """What the graph break's message says happens: Dynamo cannot resume inside the block,
+    so no graph compiles, and the result is eager's."""
+    s, t = SimStream(device="cpu"), SimStream(device="cpu")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("userstreams")
+    out = torch.compile(reentered_across_another, backend=counter)(torch.ones(2), s, t)
+    assert counter.frame_count == 0
+    assert torch.equal(out, reentered_across_another(torch.ones(2), s, t))
 
 
 @torch.compiler.nested_compile_region

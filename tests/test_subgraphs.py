@@ -250,6 +250,29 @@ def stream_inside_region_calls(
     return checkpoint(body, x, use_reentrant=False).sum()  # type: ignore[no-any-return]
 
 
+def _records_then_scales(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    e.record(s)
+    return (x * w).sin() * w
+
+
+recording_region = torch.compiler.nested_compile_region(_records_then_scales)
+
+
+# Two calls of a region inside a checkpoint stay subgraph calls (as above): the record is a
+# sync inside a region body.
+def event_recorded_in_region_calls(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, e: torch.Event
+) -> torch.Tensor:
+    def body(x: torch.Tensor) -> torch.Tensor:
+        return recording_region(x, w, s, e) + recording_region(x * 2, w, s, e)
+
+    out = checkpoint(body, x, use_reentrant=False).sum()
+    e.wait(s)
+    return out  # type: ignore[no-any-return]
+
+
 CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "checkpoint": checkpointed,
     "checkpoint-reentrant": checkpointed_reentrant,
@@ -276,6 +299,7 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
     "nested_compile_region, a block, called off then on its stream": (
         region_with_a_block_off_then_on_its_stream
     ),
+    "nested_compile_region, event recorded in its body": event_recorded_in_region_calls,
 }
 
 
@@ -284,7 +308,10 @@ CONSTRUCTS: dict[str, Callable[..., torch.Tensor]] = {
 # branch's inputs before the kernel that read them). On CPU the syncs are dropped.
 REFUSED = {
     ("cond, event recorded in a branch without a stream block", "userstreams", "accelerator"): (
-        "inside a cond body, on accelerator streams"
+        "inside a torch.cond branch, on accelerator streams"
+    ),
+    ("nested_compile_region, event recorded in its body", "userstreams", "accelerator"): (
+        "inside a torch.compiler.nested_compile_region body, on accelerator streams. "
     ),
 }
 # Both backends run a construct that stays a subgraph as one unit on its caller's stream,

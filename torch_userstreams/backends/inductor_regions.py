@@ -47,6 +47,7 @@ from .regions import (
     without_streams,
 )
 from .reuse_syncs import resync_reuse
+from .subgraph_streams import construct_names
 
 log = logging.getLogger("torch_userstreams")
 
@@ -164,14 +165,15 @@ def _refuse_syncs_in_subgraphs(
 ) -> None:
     """A region goes to Inductor whole, subgraphs included, and Inductor mis-orders a sync
     inside a subgraph (it freed the branch's inputs before the kernel that read them)."""
-    for construct, op in syncs_in_subgraphs(gm, region):
+    for node, op in syncs_in_subgraphs(gm, region):
         name = table.graph_name if table is not None else "<graph>"
+        body, call = construct_names(node)
         raise UnsupportedPathError(
             f"torch_userstreams: graph {name}: an event is recorded or waited ({op}) inside "
-            f"a {construct} body, on accelerator streams. Backend 'userstreams' runs each "
-            f"stream region through Inductor, which cannot issue a sync inside a {construct} "
-            "body. Record and wait the event outside the construct, or compile this "
-            "function with backend='userstreams_aot_eager'."
+            f"a {body}, on accelerator streams. Backend 'userstreams' runs each stream "
+            f"region through Inductor, which cannot issue a sync inside a {body}. Record "
+            f"and wait the event around {call} instead, or compile this function with "
+            "backend='userstreams_aot_eager'."
         )
 
 

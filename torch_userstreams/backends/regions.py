@@ -331,16 +331,17 @@ def _passes_on(reader: torch.fx.Node, operand: torch.fx.Node) -> bool:
     )
 
 
-def syncs_in_subgraphs(gm: torch.fx.GraphModule, region: Region) -> Iterator[tuple[str, str]]:
-    """(construct, sync op) for each sync inside a subgraph a node of ``region`` calls (a
+def syncs_in_subgraphs(
+    gm: torch.fx.GraphModule, region: Region
+) -> Iterator[tuple[torch.fx.Node, str]]:
+    """(calling node, sync op) for each sync inside a subgraph a node of ``region`` calls (a
     ``torch.cond`` branch, a ``nested_compile_region`` body)."""
     for node in region.nodes:
         for used in node.all_input_nodes:
             sub = getattr(gm, str(used.target), None) if used.op == "get_attr" else None
             if isinstance(sub, torch.fx.GraphModule):
-                construct = getattr(node.target, "__name__", str(node.target))
                 for op in _sync_ops(sub):
-                    yield construct, op
+                    yield node, op
 
 
 def _sync_ops(gm: torch.fx.GraphModule) -> Iterator[str]:

@@ -31,7 +31,7 @@ from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 
 # What users wrote, for the constructs whose subgraphs stay subgraphs: (body, call). Any
-# other higher-order op with a subgraph is treated the same (``_names``).
+# other higher-order op with a subgraph is treated the same (``construct_names``).
 _CONSTRUCTS = {
     "cond": ("torch.cond branch", "the torch.cond call"),
     "invoke_subgraph": (
@@ -102,7 +102,9 @@ def _op_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-def _names(node: torch.fx.Node) -> tuple[str, str]:
+def construct_names(node: torch.fx.Node) -> tuple[str, str]:
+    """What the user wrote for the higher-order op ``node`` calls: (its body, its call), for
+    errors that name the construct rather than torch's op."""
     name = _op_name(node)
     return _CONSTRUCTS.get(name, (f"{name} subgraph", f"the {name} call"))
 
@@ -127,7 +129,7 @@ def refuse_streams_in_subgraphs(gm: torch.fx.GraphModule, table: UserObjectTable
 
 
 def _refusal(table: UserObjectTable, node: torch.fx.Node, inner: torch.fx.Node, index: int) -> str:
-    body, call = _names(node)
+    body, call = construct_names(node)
     lines = [ln.strip() for ln in (inner.meta.get("stack_trace") or "").splitlines()]
     where = next((f" ({ln})" for ln in reversed(lines) if ln.startswith("File ")), "")
     return (
