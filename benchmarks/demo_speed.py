@@ -2,13 +2,14 @@
 against Inductor's for the same model without streams.
 
 * steps/s: blocks of demo training steps, eager, ``userstreams`` and (for reading the ratio)
-  Inductor on the same model without streams taking turns in one process; the ratio is the
+  Inductor on the same model without streams taking turns in one process, each compiling the
+  model with its loss (``ForwardAndLoss``) as the demo does; the ratio is the
   median over rounds of each round's compiled/eager. On CPU with one intra-op thread as the
   demo uses; on CUDA too when there is a GPU. The demo's own sequential runs (eager, then
   ``userstreams``; native Inductor too on CUDA) go in the details, with their errors.
-* compile time: the first step (trace, compile forward and backward, run) of the model with
-  streams under ``userstreams`` against the model without streams under ``inductor``; fresh
-  compiles, Inductor's and AOTAutograd's caches off, alternating (ABBA).
+* compile time: the first step (trace, compile forward and backward, run) of the model and
+  its loss with streams under ``userstreams`` against the model without streams under
+  ``inductor``; fresh compiles, Inductor's and AOTAutograd's caches off, alternating (ABBA).
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 import torch_userstreams
 import torch_userstreams.patch.install
 from torch_userstreams.demo.config import DemoConfig
-from torch_userstreams.demo.model import Batch, build_model, make_batches, simulated_objects
+from torch_userstreams.demo.model import (
+    Batch,
+    ForwardAndLoss,
+    build_model,
+    make_batches,
+    simulated_objects,
+)
 from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
 from torch_userstreams.testing.capture import no_compile_caches
 
@@ -54,14 +60,15 @@ def _config(device: torch.device, steps: int) -> DemoConfig:
 Step = Callable[[Batch], None]
 
 
-def _trainer(model: torch.nn.Module, forward: Callable[..., torch.Tensor], lr: float) -> Step:
-    """One SGD step of the demo's loop (``loss.item()`` waits for the device)."""
+def _trainer(model: torch.nn.Module, loss_of: Callable[..., torch.Tensor], lr: float) -> Step:
+    """One SGD step of the demo's loop (``loss.item()`` waits for the device); ``loss_of``
+    is the model and its loss, compiled or not."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
 
     def step(batch: Batch) -> None:
         x, y = batch
         optimizer.zero_grad(set_to_none=True)
-        loss = F.mse_loss(forward(x), y)
+        loss = loss_of(x, y)
         loss.backward()
         optimizer.step()
         loss.item()
@@ -80,14 +87,17 @@ def _steps_per_s(step: Step, batches: list[Batch], device: torch.device, eager: 
 
 
 INDUCTOR = "inductor, no streams"
+MODEL_ONLY = "userstreams, model only"
 MASKS_RECOMPUTED = "inductor, no streams, relu masks recomputed"
 
 
 def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict[str, list[float]]:
     """steps/s of blocks of ``block`` steps, eager / ``userstreams`` / Inductor on the model
-    without streams taking turns (order reversed every round), in one process. A fourth
-    contender, for reading the gap only, is Inductor on the model without streams whose
-    relu masks are recomputed in the backward instead of saved (``inductor_gap``).
+    without streams taking turns (order reversed every round), in one process, each compiled
+    with its loss as the demo compiles it. Two more contenders are for reading the ratio
+    only: ``userstreams`` on the model alone, its loss eager (what the demo compiled before);
+    and Inductor on the model without streams whose relu masks are recomputed in the
+    backward instead of saved (``inductor_gap``).
 
     Timing the runs one after the other, as the demo does, compares eager in a fresh process
     with compiled steps taken right after compiling, in a process holding Inductor's
@@ -98,16 +108,23 @@ def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict
     batches = make_batches(block, config.batch, config.dim, device, config.seed)
     steps: dict[str, Step] = {}
     eager_model = build_model(config.dim, config.blocks, device, config.seed)
-    steps["eager"] = _trainer(eager_model, eager_model, config.lr)
+    steps["eager"] = _trainer(eager_model, ForwardAndLoss(eager_model), config.lr)
     package_model = build_model(config.dim, config.blocks, device, config.seed)
     steps["userstreams"] = _trainer(
-        package_model, torch.compile(package_model, backend="userstreams"), config.lr
+        package_model,
+        torch.compile(ForwardAndLoss(package_model), backend="userstreams"),
+        config.lr,
     )
+    model_only = build_model(config.dim, config.blocks, device, config.seed)
+    compiled_model = torch.compile(model_only, backend="userstreams")
+    steps[MODEL_ONLY] = _trainer(model_only, ForwardAndLoss(compiled_model), config.lr)
     plain = build_model(config.dim, config.blocks, device, config.seed, streams=False)
-    steps[INDUCTOR] = _trainer(plain, torch.compile(plain, backend="inductor"), config.lr)
+    steps[INDUCTOR] = _trainer(
+        plain, torch.compile(ForwardAndLoss(plain), backend="inductor"), config.lr
+    )
     recomputed = build_model(config.dim, config.blocks, device, config.seed, streams=False)
     steps[MASKS_RECOMPUTED] = _trainer(
-        recomputed, compile_with_masks_recomputed(recomputed), config.lr
+        recomputed, compile_with_masks_recomputed(ForwardAndLoss(recomputed)), config.lr
     )
     for name, step in steps.items():  # compile and warm up
         _steps_per_s(step, batches[:3], device, eager=name == "eager")
@@ -154,6 +171,7 @@ def speed_rows(device: torch.device, steps: int, rounds: int) -> list[Row]:
 
     return [
         untargeted(INDUCTOR, "inductor without streams over eager (reference)"),
+        untargeted(MODEL_ONLY, "userstreams, model compiled without its loss (reference)"),
         untargeted(MASKS_RECOMPUTED, "same, relu masks recomputed, over eager (diagnostic)"),
         Row(
             BENCH,
@@ -175,9 +193,9 @@ def first_step_s(config: DemoConfig, streams: bool) -> float:
     backend = "userstreams" if streams else "inductor"
     x, y = make_batches(1, config.batch, config.dim, config.device, config.seed)[0]
     model = build_model(config.dim, config.blocks, config.device, config.seed, streams=streams)
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(ForwardAndLoss(model), backend=backend)
     start = time.perf_counter()
-    F.mse_loss(compiled(x), y).backward()
+    compiled(x, y).backward()
     if config.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start

@@ -217,3 +217,31 @@ def test_cuda_trace_lanes_per_stream() -> None:
     ]
     assert timeline.count(RECORD) == 1 and timeline.count(WAIT) == 1
     assert timeline_from_trace({"traceEvents": trace["traceEvents"][2:]}) is None
+
+
+def test_the_demo_compiles_its_loss_with_its_model() -> None:
+    """``ForwardAndLoss``: the loss ends the one forward graph and its backward starts the
+    one backward graph, so a step pays torch's fixed cost of a compiled call once each way,
+    and the loss is eager's."""
+    from torch_userstreams.demo.model import (
+        ForwardAndLoss,
+        build_model,
+        make_batches,
+        simulated_objects,
+    )
+    from torch_userstreams.testing import capture
+
+    cpu = torch.device("cpu")
+    model = build_model(dim=16, blocks=1, device=cpu, seed=0)
+    x, y = make_batches(1, 8, 16, cpu, seed=0)[0]
+    captured = capture(ForwardAndLoss(model), x, y)
+    assert len(captured.forward) == 1 and len(captured.backward) == 1
+
+    def ops(gm: torch.fx.GraphModule) -> list[object]:
+        return [node.target for node in gm.graph.nodes if node.op == "call_function"]
+
+    aten = torch.ops.aten
+    assert aten.mse_loss.default in ops(captured.forward[0]), captured.forward[0].graph
+    assert aten.mse_loss_backward.default in ops(captured.backward[0]), captured.backward[0].graph
+    with simulated_objects(cpu):
+        torch.testing.assert_close(captured.result, ForwardAndLoss(model)(x, y))

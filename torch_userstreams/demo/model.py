@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..simulator import SimEvent, SimStream
@@ -66,6 +67,22 @@ class DemoModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(x))
+
+
+class ForwardAndLoss(nn.Module):
+    """The model and its loss (mean squared error) as one module: what the demo compiles.
+
+    A training step compiles its loss with its model: the loss and its backward then join
+    the model's graphs instead of running eagerly between two compiled calls, each of which
+    pays torch's fixed cost per call. Eager runs the same module, uncompiled.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.model(x), y)
 
 
 def build_model(

@@ -13,17 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from ..compile.graph_compile import collecting_tables
 from ..compile.table import UserObjectTable
 from ..patch.install import session
 from ..testing.objects import live_user_objects
 from .config import DemoConfig
-from .model import Batch, build_model, simulated_objects
+from .model import Batch, ForwardAndLoss, build_model, simulated_objects
 from .progress import ProgressBar
 
-Forward = Callable[[torch.Tensor], torch.Tensor]
+LossOf = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, y) -> loss
 MAX_REASON = 200
 
 
@@ -70,19 +69,20 @@ def failure_reason(exc: BaseException) -> str:
 
 def train(
     model: torch.nn.Module,
-    forward: Forward,
+    loss_of: LossOf,
     batches: list[Batch],
     config: DemoConfig,
     result: RunResult,
 ) -> None:
-    """SGD over ``batches``, recording loss and wall time per step into ``result``."""
+    """SGD on ``model``'s parameters over ``batches``, with ``loss_of`` (the model and its
+    loss, compiled or not), recording loss and wall time per step into ``result``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     bar = ProgressBar(result.name, len(batches), enabled=config.progress)
     try:
         for done, (x, y) in enumerate(batches, 1):
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss = F.mse_loss(forward(x), y)
+            loss = loss_of(x, y)
             loss.backward()
             optimizer.step()
             result.losses.append(loss.item())  # syncs the device: the step has finished
@@ -101,21 +101,22 @@ def run_eager(config: DemoConfig, batches: list[Batch]) -> RunResult:
     model = build_model(config.dim, config.blocks, config.device, config.seed)
     result.live_start = live_user_objects()
     with simulated_objects(config.device):
-        train(model, model, batches, config, result)
+        train(model, ForwardAndLoss(model), batches, config, result)
     result.live_end = live_user_objects()
     return result
 
 
 def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> RunResult:
-    """``torch.compile`` with the package's backend, or natively with the package uninstalled;
-    the install state is restored and Dynamo reset afterwards."""
+    """``torch.compile`` of the model and its loss (``ForwardAndLoss``) with the package's
+    backend, or natively with the package uninstalled; the install state is restored and
+    Dynamo reset afterwards."""
     backend = config.backend if package else config.native_backend
     kind = "package" if package else "native"
     result = RunResult(f"{kind} ({backend})", compiled=True)
     with session(package):
         model = build_model(config.dim, config.blocks, config.device, config.seed)
         result.live_start = live_user_objects()
-        compiled = torch.compile(model, backend=backend)
+        compiled = torch.compile(ForwardAndLoss(model), backend=backend)
         with collecting_tables() as tables:
             try:
                 train(model, compiled, batches, config, result)
