@@ -1,8 +1,9 @@
 """Where Inductor itself loses to eager on the CPU demo: evidence for the demo rows.
 
 On CPU the package hands Inductor the demo's graph whole, without syncs, so the package's
-steps/s can only be Inductor's. Two measurements say why that is below eager at the demo's
-size (dim 64, batch 64, one thread), and a third what any compiled training call costs:
+steps/s can only be Inductor's. Two measurements say why Inductor on the model alone is
+below eager at the demo's size (dim 64, batch 64, one thread), and a third what any compiled
+training call costs (the demo compiles its loss with its model, which puts it above eager):
 
 * ``mask_rows``: Inductor's CPU kernel that writes a 1-byte mask (``x <= 0``, the
   mask the relu backward needs) against the same kernel writing the mask as float32, and
