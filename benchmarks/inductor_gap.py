@@ -20,8 +20,9 @@ training call costs (the demo compiles its loss with its model, which puts it ab
 * ``call_cost_rows``: what torch's compiled-call path costs per training call, whatever
   the backend: one ``Linear(64, 1)``, eager against Inductor, so its kernel time is the
   same and the difference is the fixed cost (Dynamo's guards, AOTAutograd's runtime
-  wrappers, its autograd Function, the generated wrapper). The demo pays it once per
-  forward and once per backward; at dim 64 its fused kernels save less than that.
+  wrappers, its autograd Function, the generated wrapper). A step pays it once per
+  forward and once per backward; at dim 64 the fused kernels of the model compiled alone
+  save less than that.
 """
 
 from __future__ import annotations

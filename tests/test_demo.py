@@ -221,8 +221,8 @@ def test_cuda_trace_lanes_per_stream() -> None:
 
 def test_the_demo_compiles_its_loss_with_its_model() -> None:
     """``ForwardAndLoss``: the loss ends the one forward graph and its backward starts the
-    one backward graph, so a step pays torch's fixed cost of a compiled call once each way,
-    and the loss is eager's."""
+    one backward graph (no eager loss ops around the compiled calls), and the loss is
+    eager's."""
     from torch_userstreams.demo.model import (
         ForwardAndLoss,
         build_model,

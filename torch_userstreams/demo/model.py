@@ -72,9 +72,9 @@ class DemoModel(nn.Module):
 class ForwardAndLoss(nn.Module):
     """The model and its loss (mean squared error) as one module: what the demo compiles.
 
-    A training step compiles its loss with its model: the loss and its backward then join
-    the model's graphs instead of running eagerly between two compiled calls, each of which
-    pays torch's fixed cost per call. Eager runs the same module, uncompiled.
+    A compiled training step can take its loss in: the loss and its backward then run inside
+    the model's compiled graphs instead of as eager ops after them (either way a step makes
+    one compiled call each way). Eager runs the same module, uncompiled.
     """
 
     def __init__(self, model: nn.Module) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
 from ..compile.table import EntryKind, UserObjectTable
 from ..fx.control_deps import sync_of
@@ -22,7 +21,7 @@ from ..fx.meta import stream_of
 from ..fx.ops import is_lookup, op_name
 from ..testing.capture import capture
 from .config import DemoConfig
-from .model import build_model, make_batches
+from .model import ForwardAndLoss, build_model, make_batches
 from .timeline import KERNEL, RECORD, SYNC, WAIT, Arrow, Box, Section, Timeline
 
 Graphs = list[tuple[str, torch.fx.GraphModule]]
@@ -35,7 +34,7 @@ def capture_step(config: DemoConfig) -> tuple[Graphs, list[UserObjectTable]]:
     model = build_model(config.dim, config.blocks, config.device, config.seed)
     x, y = make_batches(1, config.batch, config.dim, config.device, config.seed)[0]
     try:
-        captured = capture(lambda x: F.mse_loss(model(x), y), x)
+        captured = capture(ForwardAndLoss(model), x, y)
     finally:
         torch._dynamo.reset()
     return captured.graphs, captured.tables

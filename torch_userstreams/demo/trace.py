@@ -1,6 +1,7 @@
 """One training step on CUDA as the profiler saw it: kernels per CUDA stream.
 
-The step is the package-compiled model's, after two warm-up steps (so it is not a compile).
+The step is the package-compiled model with its loss (as the demo trains it), after two
+warm-up steps (so it is not a compile).
 The profiler's Chrome trace is read back: every GPU kernel, copy and memset goes on the lane
 of the stream it ran on, and the host's event record / stream wait calls on a host lane.
 """
@@ -13,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..patch.install import installed
 from .config import DemoConfig
-from .model import build_model, make_batches
+from .model import ForwardAndLoss, build_model, make_batches
 from .timeline import KERNEL, RECORD, WAIT, Box, Section, Timeline
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -57,13 +57,13 @@ def profile_step(config: DemoConfig) -> Timeline | None:
     torch._dynamo.reset()
     try:
         with installed():
-            compiled = torch.compile(model, backend=config.backend)
+            compiled = torch.compile(ForwardAndLoss(model), backend=config.backend)
             for x, y in batches[:-1]:
-                F.mse_loss(compiled(x), y).backward()
+                compiled(x, y).backward()
             torch.cuda.synchronize(config.device)
             x, y = batches[-1]
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                F.mse_loss(compiled(x), y).backward()
+                compiled(x, y).backward()
                 torch.cuda.synchronize(config.device)
     finally:
         torch._dynamo.reset()

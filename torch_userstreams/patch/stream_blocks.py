@@ -72,8 +72,8 @@ def _reenter(stream: Any, tx: Any) -> None:
             "while the innermost block is not this stream's (another stream's block, or a "
             "block of a stream reached another way, such as torch.accelerator."
             "current_stream()). Dynamo cannot resume inside a `with stream:` block, so the "
-            "function runs eagerly: nothing in it compiles (with fullgraph=True, this is an "
-            "error).",
+            "function's own code runs eagerly (functions it calls may still compile; with "
+            "fullgraph=True, this is an error).",
         )
     if tx.output.current_tracer.parent is not None:
         _graph_break(stream, "inside the body of a higher-order op (torch.cond, a region).")
