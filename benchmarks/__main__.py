@@ -32,13 +32,19 @@ BENCHMARKS: tuple[tuple[str, Callable[[Config], list[Row]]], ...] = (
 
 
 def run_all(config: Config) -> list[Row]:
-    """Every benchmark in order; the process is left unpatched whatever happens."""
+    """Every benchmark in order; the process is left unpatched whatever happens.
+
+    Each benchmark's rows also go to stderr as soon as it finishes, so a run stopped by a
+    time limit (a GPU lease, say) keeps the numbers measured before it.
+    """
     rows: list[Row] = []
     try:
         for name, bench in BENCHMARKS:
             start = time.perf_counter()
-            rows.extend(bench(config))
-            print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+            done = bench(config)
+            rows.extend(done)
+            took = time.perf_counter() - start
+            print(f"{name}: {took:.1f} s\n{table(done)}", file=sys.stderr, flush=True)
     finally:
         torch_userstreams.uninstall()
     return rows
