@@ -398,3 +398,73 @@ def test_a_no_op_inductor_removes_keeps_its_buffer_until_the_last_read(
     gm.meta.pop(STREAM_DEVICES_META, None)  # judge the streams as an accelerator's
     assert check_stream_safety(gm), label
     torch.testing.assert_close(captured.result, program(x, *streams))
+
+
+def side_value_read_on_main(
+    x: torch.Tensor, w: torch.Tensor, side: torch.Stream, ready: torch.Event, done: torch.Event
+) -> torch.Tensor:
+    """The demo block's shape: ``tanh`` made on a side stream, read on the main one."""
+    main = torch.accelerator.current_stream()
+    ready.record(main)
+    ready.wait(side)
+    with side:
+        branch = torch.tanh(x)
+    done.record(side)
+    with main:
+        done.wait(main)
+        return (branch + w).sum()
+
+
+def test_a_value_recomputed_for_the_backward_keeps_its_buffer_until_the_other_streams_read() -> (
+    None
+):
+    """On CUDA the partitioner recomputed the demo's ``tanh`` in the backward instead of
+    saving it. The joint graph needed no dealloc sync for it (the backward's wait covered
+    the main stream's read), so the forward freed it right after that read with nothing
+    holding its memory, and the compile failed. Here the forward is made to drop ``tanh``
+    from what it saves: a new event of the table covers the read, and without one (a graph
+    compiled after its objects were made) the error names the read."""
+    from torch_userstreams.backends.regions import runs_on
+    from torch_userstreams.backends.reuse_syncs import resync_reuse
+    from torch_userstreams.errors import UnsupportedPathError
+    from torch_userstreams.testing import capture, check_stream_safety
+    from torch_userstreams.testing.checker import STREAM_DEVICES_META
+
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    objects = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
+    captured = capture(side_value_read_on_main, x, w, *objects, backend="userstreams")
+    gm, table = captured.forward[0], captured.tables[0]
+    tanh = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.tanh.default)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    (loss, *saved) = output.args[0]
+    assert saved, "the forward saves tanh for the backward"
+    output.args = ((loss,),)  # as if the partitioner recomputed it in the backward
+    gm.meta.pop(STREAM_DEVICES_META, None)  # judge the streams as an accelerator's
+    assert not check_stream_safety(gm), "the side stream could reuse tanh during the read"
+
+    with pytest.raises(UnsupportedPathError, match=r"add reads tanh on another stream"):
+        resync_reuse(gm, table)
+
+    made: list[torch.device] = []
+
+    def new_event(device: torch.device) -> int:
+        made.append(device)
+        return 99
+
+    notes = resync_reuse(gm, table, new_event)
+    assert made == [torch.device("cuda", 0)] and len(notes) == 2, notes
+    syncs = [
+        (n.target, n.args)
+        for n in gm.graph.nodes
+        if n.target
+        in (torch.ops.streams.record_event.default, torch.ops.streams.sync_dealloc.default)
+        and n.args[0] == 99
+    ]
+    read = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor)
+    main, side = runs_on(read), runs_on(tanh)
+    assert main is not None and side is not None and main != side
+    assert syncs == [
+        (torch.ops.streams.record_event.default, (99, main)),
+        (torch.ops.streams.sync_dealloc.default, (99, side, tanh)),
+    ], syncs
+    assert check_stream_safety(gm)

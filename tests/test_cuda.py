@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from torch_userstreams.compile.table import Phase
 from torch_userstreams.demo.model import build_model, make_batches
-from torch_userstreams.run import backward
+from torch_userstreams.run import backward, plan
 from torch_userstreams.run import lookup as lookup_module
 from torch_userstreams.run.binding import Binding, graph_of, objects_of
 from torch_userstreams.testing.objects import live_user_objects
@@ -59,17 +59,22 @@ def eager_grads(fn: Callable[..., torch.Tensor], *args: Any) -> list[torch.Tenso
 
 @pytest.fixture
 def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]]:
-    """The binding each backward lookup resolved against, in order."""
+    """The binding each backward resolved its objects against, in order: a backward
+    program binds its autograd node's (``plan.bound_to_running_node``), a lookup outside
+    one asks ``backward_binding``."""
     seen: list[Binding] = []
-    real = backward.backward_binding
 
-    def spy() -> Binding | None:
-        binding = real()
-        if binding is not None:
-            seen.append(binding)
-        return binding
+    def spy(real: Callable[[], Binding | None]) -> Callable[[], Binding | None]:
+        def spied() -> Binding | None:
+            binding = real()
+            if binding is not None:
+                seen.append(binding)
+            return binding
 
-    monkeypatch.setattr(lookup_module, "backward_binding", spy)
+        return spied
+
+    monkeypatch.setattr(plan, "running_node_binding", spy(backward.running_node_binding))
+    monkeypatch.setattr(lookup_module, "backward_binding", spy(backward.backward_binding))
     yield seen
 
 
@@ -81,17 +86,23 @@ def backward_objects(binding: Binding) -> list[int]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_training_matches_eager(backend: str) -> None:
+    """At dim 256 a learning rate of 0.05 diverges (the loss passes 500 by step 5), and
+    Inductor's float rounding, amplified, failed the comparison on an H200 with plain
+    Inductor too (222 of 65,536 weights off): 0.01 trains stably, and the losses stay
+    small so the comparison means something."""
     steps, dim = 5, 256
     batches = make_batches(steps, 64, dim, DEVICE, seed=0)
     eager = build_model(dim, 2, DEVICE, seed=0)
     model = build_model(dim, 2, DEVICE, seed=0)
     compiled = torch.compile(model, backend=backend)
     for trained, forward in ((eager, eager), (model, compiled)):
-        optimizer = torch.optim.SGD(trained.parameters(), lr=0.05)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
         for x, y in batches:
             optimizer.zero_grad(set_to_none=True)
-            F.mse_loss(forward(x), y).backward()
+            loss = F.mse_loss(forward(x), y)
+            loss.backward()
             optimizer.step()
+            assert loss.item() < 10, f"training diverged: loss {loss.item()}"
     for got, want in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(got, want, **TOLERANCE)
 

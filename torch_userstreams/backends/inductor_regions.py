@@ -27,11 +27,13 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..compile import graph_compile
 from ..compile.prologue import referenced_indices
 from ..compile.table import UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..passes import sync_inference_graph_in_backend
+from ..passes.devices import new_event
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from .cache_tag import tagged
@@ -46,7 +48,8 @@ from .regions import (
     syncs_in_subgraphs,
     without_streams,
 )
-from .reuse_syncs import resync_reuse
+from .reuse_syncs import NAME as REUSE_SYNCS
+from .reuse_syncs import EventMaker, resync_reuse
 from .subgraph_streams import construct_names
 
 log = logging.getLogger("torch_userstreams")
@@ -77,7 +80,8 @@ class StreamRegionsCompiler:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
         if not self.cpu and self.table is not None and has_stream_work(gm):
-            for note in resync_reuse(gm, self.table):
+            new_event = self._event_maker(backward=bool(kwargs.get("is_backward")))
+            for note in resync_reuse(gm, self.table, new_event):
                 log.debug("torch_userstreams: graph %s: %s", self.table.graph_name, note)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
@@ -94,6 +98,18 @@ class StreamRegionsCompiler:
                 self._note_reads(stripped, kwargs)
                 return self.compile_region(stripped, example_inputs, **kwargs)
             return self.partitioned(gm, kwargs)
+
+    def _event_maker(self, *, backward: bool) -> EventMaker | None:
+        """New events for this graph's table while its backend compiles it (its prologue
+        does not exist yet); None for a graph compiled later, such as a lazy backward."""
+        compile_ = graph_compile.active_or_none()
+        if compile_ is None or compile_.table is not self.table:
+            return None
+
+        def make(device: torch.device) -> int:
+            return new_event(compile_, device, added_by=REUSE_SYNCS, backward=backward)
+
+        return make
 
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
         """On CPU every graph of the table is compiled here, so the table learns all that its

@@ -15,11 +15,20 @@ recorded again only after its last use, each record right before its wait: no pe
 sees the new record. The event is the graph's own and no later sync uses it, so no
 object is added to the table (a backward is compiled after its forward's calls have
 loaded theirs).
+
+A buffer no dealloc sync holds at all needs a new event. The partitioner makes such
+buffers: the joint graph read a value on another stream and again on its own in the
+backward, after a sync that covered the first read, so the pass rightly added nothing;
+then the partitioner recomputed the value in the backward instead of saving it, and the
+forward frees it right after the other stream's read (on CUDA, the demo's ``tanh``). While
+the backend still compiles the graph, its table takes a new event; a graph compiled later
+(a lazy backward) is refused with an error that names the read.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +45,8 @@ from .regions import runs_on
 NAME = "reuse_syncs"
 _DEALLOC_PASS = "dealloc_syncs"
 _EVENT_OPS = ("record_event", "wait_event", "sync_dealloc", "synchronize_event")
+
+EventMaker = Callable[[torch.device], int]  # a new event of the graph's table, for a device
 
 
 def buffer_of(node: torch.fx.Node) -> torch.fx.Node:
@@ -118,8 +129,16 @@ def _scan(gm: torch.fx.GraphModule, table: UserObjectTable) -> tuple[_Syncs, _Us
     return syncs, uses
 
 
-def resync_reuse(gm: torch.fx.GraphModule, table: UserObjectTable) -> list[str]:
-    """Add the dealloc syncs ``gm`` misses (see the module docstring); returns notes."""
+def resync_reuse(
+    gm: torch.fx.GraphModule, table: UserObjectTable, new_event: EventMaker | None = None
+) -> list[str]:
+    """Add the dealloc syncs ``gm`` misses (see the module docstring); returns notes.
+
+    ``new_event`` makes an event for the graph's table, where it can still get one (the
+    backend is compiling the graph, before its prologue exists): used for a buffer no
+    dealloc sync holds at all, such as a value the joint graph kept for its backward that
+    the partitioner chose to recompute there instead (seen on CUDA).
+    """
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     syncs, uses = _scan(gm, table)
@@ -134,9 +153,12 @@ def resync_reuse(gm: torch.fx.GraphModule, table: UserObjectTable) -> list[str]:
         if syncs.covers(buffer, owner, reader, position[last]):
             continue
         event = syncs.event_for(buffer, reader)
-        if event is None or table.entries[event].added_by != _DEALLOC_PASS:
+        if event is not None and table.entries[event].added_by == _DEALLOC_PASS:
+            after = nodes[max(position[last], syncs.last_use[event])]
+        elif new_event is not None:
+            event, after = new_event(table.device(reader)), last
+        else:
             raise _no_event(table, buffer, last)
-        after = nodes[max(position[last], syncs.last_use[event])]
         notes += _insert(gm.graph, after, event, reader, owner, buffer)
     return notes
 
@@ -185,7 +207,10 @@ def _no_event(
     return UnsupportedPathError(
         f"torch_userstreams: graph {table.graph_name}: after Inductor's graph passes, "
         f"{last.name} reads {buffer.name} on another stream than the one that allocated it, "
-        "and no event of the graph can order the reuse of its memory after that read. "
-        "Compile this function with backend='userstreams_aot_eager', or make the value "
-        "read on the other stream a computed one rather than a copy."
+        "and no event of the graph can order the reuse of its memory after that read (the "
+        "graph is compiled after its objects were made: a backward AOTAutograd compiles "
+        "lazily, at its first run). Compile this function with "
+        "backend='userstreams_aot_eager', or set "
+        "torch._functorch.config.force_non_lazy_backward_lowering = True so that the "
+        "backward compiles with its forward."
     )
