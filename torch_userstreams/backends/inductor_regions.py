@@ -11,7 +11,8 @@ compile well, and the package runs the pieces on their streams:
   every op runs in program order on the host, so every sync is already satisfied when it
   would be issued, and no value or lifetime changes;
 * otherwise: split into regions of one stream each (``regions.split``); each region is
-  compiled by Inductor on its own; at run time the host enters each region's stream
+  compiled by Inductor on its own, except one of a single kernel, which runs as its graph
+  (``regions.at_most_one_kernel``); at run time the host enters each region's stream
   (resolved from the call's binding), launches it, and issues the syncs between regions
   in graph order (``plan``). A region compiled by Inductor is plain stream-free code, so
   Inductor's caches serve it like any other graph.
@@ -40,6 +41,7 @@ from .cache_tag import tagged
 from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
+    at_most_one_kernel,
     copy_factories_per_stream,
     has_side_effects,
     has_stream_work,
@@ -165,11 +167,16 @@ class StreamRegionsCompiler:
         region_kwargs["static_input_idxs"] = [
             i for i, node in enumerate(module.inputs) if node in static
         ]
-        examples = [node.meta["val"] for node in module.inputs]
-        with strides.region(module.outputs):
-            compiled = self.compile_region(module.gm, examples, **region_kwargs)
+        call: Callable[..., Any]
+        if at_most_one_kernel(module.gm):
+            call = module.gm  # nothing to fuse: run as is (see ``at_most_one_kernel``)
+        else:
+            examples = [node.meta["val"] for node in module.inputs]
+            with strides.region(module.outputs):
+                compiled = self.compile_region(module.gm, examples, **region_kwargs)
+            call = _boxed_caller(compiled)
         return Step(
-            _boxed_caller(compiled),
+            call,
             tuple(Ref(slots[node]) for node in module.inputs),
             stream=region.stream,
             outputs=tuple(slots[node] for node in module.outputs),

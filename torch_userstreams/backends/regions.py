@@ -50,6 +50,29 @@ def has_side_effects(region: Region) -> bool:
     return any(_pinned(node) for node in region.nodes)
 
 
+def at_most_one_kernel(gm: torch.fx.GraphModule) -> bool:
+    """Whether a region's graph launches at most one kernel, every op in it an ATen op that
+    neither writes nor draws random numbers: views, and one computing op at most.
+
+    Inductor has nothing to fuse in such a region, and compiling it costs Inductor's fixed
+    cost per graph (tens of milliseconds on CUDA): the package runs its graph as it is,
+    which launches the same one kernel. Anything else (a subgraph call, a size expression,
+    a second op) goes to Inductor."""
+    kernels = 0
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr") or node.target is operator.getitem:
+            continue
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            return False
+        if target.namespace != "aten" or target._schema.is_mutable:
+            return False
+        if torch.Tag.nondeterministic_seeded in target.tags:
+            return False
+        kernels += not target.is_view
+    return kernels <= 1
+
+
 def _pinned(node: torch.fx.Node) -> bool:
     """Nodes that must not move earlier: mutations and other side effects."""
     target = node.target
