@@ -524,3 +524,44 @@ def test_a_region_of_one_kernel_is_not_compiled(monkeypatch: pytest.MonkeyPatch)
     got = torch.compile(program, backend="userstreams")(x, side)
     assert compiled == [["aten.add.Tensor", "aten.mul.Tensor"]], compiled
     torch.testing.assert_close(got, program(x, side))
+
+
+def test_regions_eager_would_run_differently_go_to_inductor() -> None:
+    """A dtype eager ATen may have no kernel for, a runtime check Inductor drops, and
+    max-autotune (which may pick a faster kernel than eager's) all keep Inductor."""
+    import torch._inductor.config as inductor_config
+
+    from torch_userstreams.backends.regions import at_most_one_kernel
+
+    sin = _graph_of(lambda x: aten.sin.default(x))
+    assert at_most_one_kernel(sin)
+    (x,) = sin.graph.find_nodes(op="placeholder")
+    x.meta["val"] = torch.empty(2, dtype=torch.uint32)
+    assert not at_most_one_kernel(sin)
+    check = _graph_of(lambda x: aten._assert_scalar.default(x, "x > 0"))
+    assert not at_most_one_kernel(check)
+    with inductor_config.patch(max_autotune=True):
+        assert not at_most_one_kernel(_graph_of(lambda x: aten.permute.default(x, [1, 0])))
+
+
+def test_a_forward_compile_may_add_events_and_a_lazy_backward_may_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``resync_reuse`` gets a maker of new events only while the backend compiles the
+    graph (before its prologue exists): the forward. AOTAutograd compiles this backward
+    lazily, at its first run, when the forward's calls have made their objects."""
+    from torch_userstreams.backends import inductor_regions
+
+    makers: list[bool] = []
+    real = inductor_regions.resync_reuse
+
+    def spy(gm: torch.fx.GraphModule, table: Any, new_event: Any = None) -> list[str]:
+        makers.append(new_event is not None)
+        return real(gm, table, new_event)
+
+    monkeypatch.setattr(inductor_regions, "resync_reuse", spy)
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    objects = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
+    compiled = torch.compile(side_value_read_on_main, backend="userstreams")
+    compiled(x, w, *objects).backward()
+    assert makers == [True, False], makers

@@ -169,7 +169,9 @@ class StreamRegionsCompiler:
         ]
         call: Callable[..., Any]
         if at_most_one_kernel(module.gm):
-            call = module.gm  # nothing to fuse: run as is (see ``at_most_one_kernel``)
+            # Nothing to fuse: run as is (``at_most_one_kernel``); ``forward``, so that no
+            # module hook of the user's sees this internal graph.
+            call = module.gm.forward
         else:
             examples = [node.meta["val"] for node in module.inputs]
             with strides.region(module.outputs):

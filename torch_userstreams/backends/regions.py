@@ -50,16 +50,45 @@ def has_side_effects(region: Region) -> bool:
     return any(_pinned(node) for node in region.nodes)
 
 
+# Dtypes eager ATen may have no kernel for where Inductor generates code (fake tensors
+# do not check): a region holding one goes to Inductor.
+_INDUCTOR_ONLY_DTYPES = {
+    getattr(torch, name)
+    for name in (
+        "uint16",
+        "uint32",
+        "uint64",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    )
+    if hasattr(torch, name)
+}
+# Runtime checks Inductor drops (it proved them while compiling) but eager performs.
+_CHECKS = ("_assert", "sym_constrain_range")
+
+
 def at_most_one_kernel(gm: torch.fx.GraphModule) -> bool:
     """Whether a region's graph launches at most one kernel, every op in it an ATen op that
-    neither writes nor draws random numbers: views, and one computing op at most.
+    neither writes, draws random numbers nor checks at run time: views, and one computing
+    op at most, on dtypes eager ATen computes.
 
     Inductor has nothing to fuse in such a region, and compiling it costs Inductor's fixed
-    cost per graph (tens of milliseconds on CUDA): the package runs its graph as it is,
-    which launches the same one kernel. Anything else (a subgraph call, a size expression,
-    a second op) goes to Inductor."""
+    cost per graph (tens of milliseconds on CUDA): the package runs its graph as it is.
+    Anything else (a subgraph call, a size expression, a second op) goes to Inductor, and
+    so does every region under max-autotune, which may pick a faster kernel than eager's.
+    """
+    from torch._inductor import config
+
+    if config.max_autotune or config.max_autotune_gemm or config.max_autotune_pointwise:
+        return False
     kernels = 0
     for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dtype in _INDUCTOR_ONLY_DTYPES:
+            return False
         if node.op in ("placeholder", "output", "get_attr") or node.target is operator.getitem:
             continue
         target = node.target
@@ -68,6 +97,8 @@ def at_most_one_kernel(gm: torch.fx.GraphModule) -> bool:
         if target.namespace != "aten" or target._schema.is_mutable:
             return False
         if torch.Tag.nondeterministic_seeded in target.tags:
+            return False
+        if target.__name__.startswith(_CHECKS):
             return False
         kernels += not target.is_view
     return kernels <= 1
