@@ -16,13 +16,14 @@ sees the new record. The event is the graph's own and no later sync uses it, so 
 object is added to the table (a backward is compiled after its forward's calls have
 loaded theirs).
 
-A buffer no dealloc sync holds at all needs a new event. The partitioner makes such
+A buffer no dealloc sync holds at all needs a new event. The partitioner can make such
 buffers: the joint graph read a value on another stream and again on its own in the
 backward, after a sync that covered the first read, so the pass rightly added nothing;
 then the partitioner recomputed the value in the backward instead of saving it, and the
-forward frees it right after the other stream's read (on CUDA, the demo's ``tanh``). While
-the backend still compiles the graph, its table takes a new event; a graph compiled later
-(a lazy backward) is refused with an error that names the read.
+forward frees it right after the other stream's read. (On an H200 the demo's ``tanh``
+reached the forward so; this is the likely cause, not confirmed there.) While the backend
+still compiles the graph, its table takes a new event; a graph compiled later (a lazy
+backward) is refused with an error that names the read.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def resync_reuse(
     ``new_event`` makes an event for the graph's table, where it can still get one (the
     backend is compiling the graph, before its prologue exists): used for a buffer no
     dealloc sync holds at all, such as a value the joint graph kept for its backward that
-    the partitioner chose to recompute there instead (seen on CUDA).
+    the partitioner chose to recompute there instead.
     """
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
