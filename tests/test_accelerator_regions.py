@@ -418,10 +418,11 @@ def side_value_read_on_main(
 def test_a_value_recomputed_for_the_backward_keeps_its_buffer_until_the_other_streams_read() -> (
     None
 ):
-    """On CUDA the partitioner recomputed the demo's ``tanh`` in the backward instead of
-    saving it. The joint graph needed no dealloc sync for it (the backward's wait covered
-    the main stream's read), so the forward freed it right after that read with nothing
-    holding its memory, and the compile failed. Here the forward is made to drop ``tanh``
+    """On an H200 the demo's forward freed ``tanh`` right after the main stream's read
+    with no dealloc sync holding its memory, and the compile failed. The likely cause: the
+    partitioner recomputed ``tanh`` in the backward instead of saving it, and the joint
+    graph had needed no sync (the backward's wait covered that read). Here the forward is
+    made to drop ``tanh``
     from what it saves: a new event of the table covers the read, and without one (a graph
     compiled after its objects were made) the error names the read."""
     from torch_userstreams.backends.regions import runs_on
