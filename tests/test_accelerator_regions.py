@@ -415,16 +415,13 @@ def side_value_read_on_main(
         return (branch + w).sum()
 
 
-def test_a_value_recomputed_for_the_backward_keeps_its_buffer_until_the_other_streams_read() -> (
-    None
-):
+def test_a_buffer_no_dealloc_sync_holds_gets_a_new_event() -> None:
     """On an H200 the demo's forward freed ``tanh`` right after the main stream's read
     with no dealloc sync holding its memory, and the compile failed. The likely cause: the
     partitioner recomputed ``tanh`` in the backward instead of saving it, and the joint
     graph had needed no sync (the backward's wait covered that read). Here the forward is
-    made to drop ``tanh``
-    from what it saves: a new event of the table covers the read, and without one (a graph
-    compiled after its objects were made) the error names the read."""
+    made to drop ``tanh`` from what it saves: a new event of the table covers the read,
+    and without one (a graph compiled after its objects were made) the error names it."""
     from torch_userstreams.backends.regions import runs_on
     from torch_userstreams.backends.reuse_syncs import buffer_of, resync_reuse
     from torch_userstreams.errors import UnsupportedPathError
@@ -475,10 +472,6 @@ def test_a_value_recomputed_for_the_backward_keeps_its_buffer_until_the_other_st
     assert check_stream_safety(gm)
 
 
-def _graph_of(fn: Callable[..., Any]) -> torch.fx.GraphModule:
-    return torch.fx.symbolic_trace(fn)
-
-
 aten = torch.ops.aten
 
 
@@ -498,7 +491,7 @@ aten = torch.ops.aten
 def test_which_regions_run_as_their_graph(fn: Callable[..., Any], expected: bool) -> None:
     from torch_userstreams.backends.regions import at_most_one_kernel
 
-    assert at_most_one_kernel(_graph_of(fn)) is expected
+    assert at_most_one_kernel(torch.fx.symbolic_trace(fn)) is expected
 
 
 def test_a_region_of_one_kernel_is_not_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -538,15 +531,17 @@ def test_regions_eager_would_run_differently_go_to_inductor() -> None:
 
     from torch_userstreams.backends.regions import at_most_one_kernel
 
-    sin = _graph_of(lambda x: aten.sin.default(x))
+    sin = torch.fx.symbolic_trace(lambda x: aten.sin.default(x))
     assert at_most_one_kernel(sin)
     (x,) = sin.graph.find_nodes(op="placeholder")
     x.meta["val"] = torch.empty(2, dtype=torch.uint32)
     assert not at_most_one_kernel(sin)
-    check = _graph_of(lambda x: aten._assert_scalar.default(x, "x > 0"))
+    check = torch.fx.symbolic_trace(lambda x: aten._assert_scalar.default(x, "x > 0"))
     assert not at_most_one_kernel(check)
     with inductor_config.patch(max_autotune=True):
-        assert not at_most_one_kernel(_graph_of(lambda x: aten.permute.default(x, [1, 0])))
+        assert not at_most_one_kernel(
+            torch.fx.symbolic_trace(lambda x: aten.permute.default(x, [1, 0]))
+        )
 
 
 def test_a_forward_compile_may_add_events_and_a_lazy_backward_may_not(
