@@ -4,7 +4,9 @@ CPU runs every op in program order, so a sync never changes a value there, but n
 events refuse to ``record()`` and CPU streams refuse ``wait_stream``. The prologue builds
 these subclasses for CPU objects so compiled code with syncs runs on CPU, and each object
 keeps a log of the syncs made on it, which tests use to check that a call (and its
-backward) used its own objects.
+backward) used its own objects. A watcher (``observe``, the run-time race detector) is told
+each stream entered and each sync, so it can order the work issued on these streams as a
+GPU would.
 """
 
 from __future__ import annotations
@@ -13,9 +15,24 @@ from typing import Any
 
 import torch
 
+from .observe import watcher
+
 
 class SimStream(torch.Stream):
     """A ``torch.Stream`` on CPU whose sync methods succeed and are logged."""
+
+    def __enter__(self) -> SimStream:
+        super().__enter__()
+        observer = watcher()
+        if observer is not None:
+            observer.enter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        observer = watcher()
+        if observer is not None:
+            observer.exit(self)
+        super().__exit__(*exc)
 
     @property
     def log(self) -> list[tuple[str, Any]]:
@@ -24,11 +41,17 @@ class SimStream(torch.Stream):
 
     def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
         self.log.append(("wait_stream", stream))
+        observer = watcher()
+        if observer is not None:
+            observer.wait_stream(self, stream)
 
     def wait_event(self, event: torch.Event) -> None:  # type: ignore[override]
         self.log.append(("wait_event", event))
         if isinstance(event, SimEvent):
             event.log.append(("waited_by", self))
+        observer = watcher()
+        if observer is not None:
+            observer.wait(event, self)
 
     def record_event(self, event: torch.Event | None = None) -> torch.Event:  # type: ignore[override]
         event = SimEvent(device="cpu") if event is None else event
@@ -37,6 +60,9 @@ class SimStream(torch.Stream):
 
     def synchronize(self) -> None:
         self.log.append(("synchronize", None))
+        observer = watcher()
+        if observer is not None:
+            observer.synchronize(self)
 
 
 class SimEvent(torch.Event):
@@ -49,12 +75,21 @@ class SimEvent(torch.Event):
 
     def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
         self.log.append(("record", stream))
+        observer = watcher()
+        if observer is not None:
+            observer.record(self, stream)
 
     def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
         self.log.append(("wait", stream))
+        observer = watcher()
+        if observer is not None:
+            observer.wait(self, stream)
 
     def synchronize(self) -> None:
         self.log.append(("synchronize", None))
+        observer = watcher()
+        if observer is not None:
+            observer.synchronize(self)
 
     def query(self) -> bool:
         return True

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +136,34 @@ def tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+# Where the package takes CPU tensors to live, for its decisions only (which syncs a pass
+# places, which buffers need one): None means where they are. Set by
+# ``testing.fake_accelerator(gpu_semantics=True)`` for the compiles inside it.
+_HOST_TENSORS_AS: ContextVar[torch.device | None] = ContextVar(
+    "torch_userstreams.host_tensors_as", default=None
+)
+
+
+@contextlib.contextmanager
+def host_tensors_as(device: torch.device) -> Iterator[None]:
+    """Inside, every CPU tensor counts as a ``device`` tensor for the package's decisions,
+    so that graphs compiled on CPU get the syncs a graph on ``device`` would get. Tensors
+    and the code that computes them stay on the CPU."""
+    token = _HOST_TENSORS_AS.set(device)
+    try:
+        yield
+    finally:
+        _HOST_TENSORS_AS.reset(token)
+
+
+def tensor_device(tensor: torch.Tensor) -> torch.device:
+    """The device the package takes ``tensor`` to live on (see ``host_tensors_as``)."""
+    device = tensor.device
+    if device.type == "cpu":
+        return _HOST_TENSORS_AS.get() or device
+    return device
+
+
 def device_of(node: torch.fx.Node) -> torch.device:
     """The device a node's work runs on: an accelerator if any tensor it touches lives there.
 
@@ -140,5 +171,5 @@ def device_of(node: torch.fx.Node) -> torch.device:
     side its output is on; CPU-only work runs on the host, in program order.
     """
     touched = (node, *node.all_input_nodes)
-    devices = [t.device for n in touched for t in tensors(n.meta.get("val"))]
+    devices = [tensor_device(t) for n in touched for t in tensors(n.meta.get("val"))]
     return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))

@@ -33,6 +33,7 @@ import torch.fx
 
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_backward, record
+from ..fx.ops import is_view
 from .contract import GraphPass
 
 NAME = "write_backs"
@@ -89,9 +90,21 @@ def _old_value_readers(
             if user is copy or user.op == "output" or backward or user in found:
                 continue
             found.add(user)
-            if user is not value:
+            if user is not value and not _makes_new_buffers(user):
                 todo.append(user)
     return found
+
+
+def _makes_new_buffers(node: torch.fx.Node) -> bool:
+    """An op that returns several new tensors (``_native_batch_norm_legit_functional``):
+    it reads the old value itself, but which of its outputs it computed from that value
+    the graph does not say, and none of them can stand for the input's buffer. Following
+    them made BatchNorm's running mean depend on the running variance's update, and kept
+    both write-backs after the user's join."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or is_view(node):
+        return False
+    return len(target._schema.returns) > 1
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))

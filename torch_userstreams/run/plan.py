@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..observe import watcher
 from .backward import running_node_binding
 from .issue_syncs import diagnose
 from .lookup import lookup
@@ -100,7 +101,11 @@ class Program:
             if error is None:
                 raise
             raise error from exc
-        return load(self.output, values)
+        result = load(self.output, values)
+        observer = watcher()
+        if observer is not None:
+            observer.escape(result)
+        return result
 
     def boxed(self, *, backward: bool = False) -> Callable[[list[Any]], Any]:
         """The AOTAutograd calling convention: one list argument, owned by the callee. A

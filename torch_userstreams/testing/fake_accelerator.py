@@ -7,6 +7,13 @@ device type ``cuda`` whose streams and events are simulated: they record and wai
 logged no-ops (``SimStream`` / ``SimEvent``) while their ``device`` says ``cuda:0``.
 Tensors stay on the CPU, which is exactly the mixed case a real GPU machine allows:
 CPU tensors computed inside accelerator streams.
+
+With ``gpu_semantics=True`` the package also takes every CPU tensor to live on the fake
+accelerator for its decisions (``fx.meta.host_tensors_as``): the passes place the syncs a
+GPU graph would get, the checker judges the graphs as GPU graphs, and the run-time race
+detector (``testing.races``) sees what a GPU would race on. Without it a CPU tensor used
+on two of these streams is host-ordered: nothing needs a sync, so nothing can be missing.
+Compile inside the context: a graph keeps the decisions of the compile that made it.
 """
 
 from __future__ import annotations
@@ -45,12 +52,14 @@ class FakeAcceleratorEvent(SimEvent):
 
 
 @contextlib.contextmanager
-def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
-    """Pretend a ``cuda`` accelerator is present; yields its (one) current stream."""
+def fake_accelerator(*, gpu_semantics: bool = False) -> Iterator[FakeAcceleratorStream]:
+    """Pretend a ``cuda`` accelerator is present; yields its (one) current stream. With
+    ``gpu_semantics``, CPU tensors count as the accelerator's (see the module docstring)."""
     import torch._dynamo.guards
     import torch._dynamo.utils
 
     from ..compile import factories
+    from ..fx.meta import host_tensors_as
 
     ambient = FakeAcceleratorStream()
 
@@ -80,7 +89,8 @@ def fake_accelerator() -> Iterator[FakeAcceleratorStream]:
         for owner, name, value in patches:
             setattr(owner, name, value)
         _guard_closure_stream(current_stream)
-        yield ambient
+        with host_tensors_as(DEVICE) if gpu_semantics else contextlib.nullcontext():
+            yield ambient
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)

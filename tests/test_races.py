@@ -1,0 +1,241 @@
+"""The run-time race detector, with GPU semantics on the fake accelerator.
+
+On CPU no value can show a missing sync, and with CPU tensors every cross-stream access is
+host-ordered, so the passes place no sync and the static checker has nothing to check.
+``fake_accelerator(gpu_semantics=True)`` makes the package compile the graphs a GPU would
+get, and ``detect_races()`` runs them as a GPU orders them. Controls: a racy program is
+flagged, and so is every program once a sync pass is switched off. Then the generated
+programs and training steps run through it, on both backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from test_generated_programs import PROFILE
+
+from torch_userstreams.passes import backward_syncs, dealloc_syncs, write_backs
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+from torch_userstreams.testing.hazards import HazardKind
+from torch_userstreams.testing.programs import Program, leaves
+from torch_userstreams.testing.races import RaceReport, detect_races
+from torch_userstreams.testing.strategies import programs
+
+BACKENDS = ["userstreams_aot_eager", "userstreams"]
+DETECTOR_SHARE = 4  # the generated-program property runs a quarter of the profile's examples
+
+
+@pytest.fixture
+def gpu() -> Iterator[FakeAcceleratorStream]:
+    """The fake accelerator with GPU semantics, the package installed, no compile cache."""
+    from torch_userstreams.testing.capture import no_compile_caches
+
+    with fake_accelerator(gpu_semantics=True) as ambient, no_compile_caches():
+        yield ambient
+
+
+W = torch.randn(8, 8, requires_grad=True)
+
+
+def unjoined(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+    """Races twice: the side stream reads ``x`` without waiting for main, which wrote it,
+    and main reads ``y`` without waiting for the side stream."""
+    with side:
+        y = (x @ W).relu()
+    return y.sum()
+
+
+def joined(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+    side.wait_stream(main)
+    with side:
+        y = (x @ W).relu()
+    main.wait_stream(side)
+    return y.sum()
+
+
+def run_steps(
+    fn: Callable[..., torch.Tensor], backend: str, main: torch.Stream, steps: int = 2
+) -> RaceReport:
+    """``steps`` forward and backward calls, each on a fresh side stream."""
+    compiled = torch.compile(fn, backend=backend)
+    with detect_races({"main": main}) as report:
+        for _ in range(steps):
+            compiled(torch.randn(4, 8), FakeAcceleratorStream(), main).backward()
+    return report
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_racy_program_is_flagged_naming_ops_streams_and_fix(
+    backend: str, gpu: FakeAcceleratorStream
+) -> None:
+    report = run_steps(unjoined, backend, gpu)
+    kinds = {(f.kind, f.first_stream == id(gpu)) for f in report.findings}
+    assert (HazardKind.RAW, True) in kinds  # the side stream reads what main wrote
+    assert (HazardKind.RAW, False) in kinds  # main reads what the side stream wrote
+    fork = next(f for f in report.findings if f.first_stream == id(gpu))
+    assert fork.detail.startswith("mm") and "on stream #0 reads memory allocated by randn" in (
+        fork.detail
+    )
+    assert fork.fix.startswith("record an event on main after randn (eager, test_races.py:")
+    assert "graph unjoined" in fork.second and fork.fix.endswith("wait for it on stream #0 "
+    f"before {fork.second}")
+    assert not report and "race(s)" in str(report)
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_joined_program_is_race_free(backend: str, gpu: FakeAcceleratorStream) -> None:
+    report = run_steps(joined, backend, gpu)
+    assert report, str(report)
+    assert report.kernels > 10 and report.syncs >= 8  # it watched both calls
+
+
+def batch_norm_step(bn: torch.nn.Module) -> Callable[..., torch.Tensor]:
+    def step(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+        side.wait_stream(main)
+        with side:
+            y = bn(x @ W).relu()
+        main.wait_stream(side)
+        return y.sum()
+
+    return step
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "no_grad"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_statistics_are_written_before_the_join(
+    backend: str, grad: bool, gpu: FakeAcceleratorStream
+) -> None:
+    """Two micro-batches on fresh side streams, one backward: with the running statistics
+    written after the user's join (``userstreams_aot_eager`` did), the second forward races
+    the first on them."""
+    bn = torch.nn.BatchNorm1d(8)
+    compiled = torch.compile(batch_norm_step(bn), backend=backend)
+    with detect_races({"main": gpu}) as report:
+        micro_batches(compiled, gpu, grad)
+    assert report, str(report)
+    assert int(bn.num_batches_tracked) == 2
+
+
+def micro_batches(compiled: Callable[..., torch.Tensor], main: torch.Stream, grad: bool) -> None:
+    """Two forward calls on fresh side streams, then one backward of both (with ``grad``)."""
+    with torch.set_grad_enabled(grad):
+        loss = sum(compiled(torch.randn(4, 8), FakeAcceleratorStream(), main) for _ in range(2))
+    if grad:
+        loss.backward()  # type: ignore[union-attr]
+
+
+def _without(module: Any) -> Any:
+    return dataclasses.replace(module.PASS, run=lambda gm, compile_: [])
+
+
+def freed_in_forward(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+    """``h`` is made on the side stream, read on main, and dies in the forward."""
+    side.wait_stream(main)
+    with side:
+        h = (x @ W).tanh()
+    main.wait_stream(side)
+    return (h * 2).sum()
+
+
+# pass -> (its module, a program that needs it, with backward?, the backends it is theirs
+# on). Inductor's own scheduling puts write-backs before the join (``userstreams`` never
+# needed the pass there); the backend's reuse pass re-syncs what dealloc_syncs left out,
+# so it is switched off with it.
+CONTROLS = {
+    "backward_syncs": (backward_syncs, joined, True, BACKENDS),
+    "dealloc_syncs": (dealloc_syncs, freed_in_forward, False, BACKENDS),
+    "write_backs": (
+        write_backs,
+        batch_norm_step(torch.nn.BatchNorm1d(8)),
+        True,
+        ["userstreams_aot_eager"],
+    ),
+}
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [(name, backend) for name, control in CONTROLS.items() for backend in control[3]],
+)
+def test_switching_off_a_sync_pass_makes_its_program_race(
+    name: str, backend: str, gpu: FakeAcceleratorStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_userstreams.backends import inductor_regions
+
+    module, fn, grad, _ = CONTROLS[name]
+    compiled = torch.compile(fn, backend=backend)
+
+    def two_steps() -> RaceReport:
+        with detect_races({"main": gpu}) as report:
+            micro_batches(compiled, gpu, grad)
+        return report
+
+    assert two_steps(), "the program races with every pass on"
+    torch._dynamo.reset()
+    monkeypatch.setattr(module, "PASS", _without(module))
+    if module is dealloc_syncs:
+        monkeypatch.setattr(inductor_regions, "resync_reuse", lambda *args: [])
+    report = two_steps()
+    assert not report, f"switching off {name} went unseen"
+
+
+MADE = re.compile(r"^(\s*)(\w+) = (?:Event\(device=DEVICE\)|torch\.Stream\(device=DEVICE\))$")
+
+
+def fake_accelerator_program(program: Program) -> tuple[Callable[..., Any], list[Any]]:
+    """The program as on a GPU (framed by a fork from and a join to the current stream),
+    with the streams and events it makes passed in instead, as the fake accelerator's:
+    Dynamo cannot build a ``torch.Stream(device="cuda")`` example without CUDA, and one
+    of the fake accelerator's is made eagerly, behind a graph break. An event made twice
+    is the same object twice: a wait on its first recording then orders more, never less."""
+    lines, made = [], {}
+    for line in program.source(eager=False, device="cuda", frame=True).splitlines():
+        found = MADE.match(line)
+        if found is None:
+            lines.append(line)
+            continue
+        lines.append(f"{found.group(1)}pass")
+        made.setdefault(found.group(2), "Stream" in line)
+    objects = [FakeAcceleratorStream() if stream else FakeAcceleratorEvent() for stream in made.values()]
+    lines[0] = lines[0].replace("):", "".join(f", {name}" for name in made) + "):")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile("\n".join(lines) + "\n", "<program>", "exec"), namespace)
+    return namespace["program"], objects
+
+
+def run_generated(program: Program, backend: str) -> RaceReport:
+    """One call with backward of a generated program, as on a GPU."""
+    fn, objects = fake_accelerator_program(program)
+    compiled = torch.compile(fn, backend=backend)
+    x, w = leaves()
+    streams = [FakeAcceleratorStream() for _ in program.input_streams]
+    with detect_races() as report:
+        out = compiled(x, w, *streams, *objects)
+        tensors = [t for t in out if t.requires_grad]
+        if tensors:
+            sum(t.sum() for t in tensors).backward()  # type: ignore[union-attr]
+    return report
+
+
+@pytest.mark.usefixtures("installed")
+@settings(PROFILE, max_examples=max(1, PROFILE.max_examples // DETECTOR_SHARE))
+@given(program=programs(graph_breaks=False))
+def test_generated_programs_do_not_race_on_a_gpu(program: Program) -> None:
+    torch._dynamo.reset()
+    with fake_accelerator(gpu_semantics=True):
+        report = run_generated(program, "userstreams_aot_eager")
+    assert report, f"{report}\n{program}"
