@@ -544,12 +544,12 @@ def test_regions_eager_would_run_differently_go_to_inductor() -> None:
         )
 
 
-def test_a_forward_compile_may_add_events_and_a_lazy_backward_may_not(
+def test_the_backward_compiles_with_its_forward_and_may_add_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``resync_reuse`` gets a maker of new events only while the backend compiles the
-    graph (before its prologue exists): the forward. AOTAutograd compiles this backward
-    lazily, at its first run, when the forward's calls have made their objects."""
+    graph (before its prologue exists). ``userstreams`` has AOTAutograd lower the backward
+    with the forward, not lazily at its first run, so the backward gets one too."""
     from torch_userstreams.backends import inductor_regions
 
     makers: list[bool] = []
@@ -564,4 +564,4 @@ def test_a_forward_compile_may_add_events_and_a_lazy_backward_may_not(
     objects = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
     compiled = torch.compile(side_value_read_on_main, backend="userstreams")
     compiled(x, w, *objects).backward()
-    assert makers == [True, False], makers
+    assert makers == [True, True], makers

@@ -239,3 +239,37 @@ def test_generated_programs_do_not_race_on_a_gpu(program: Program) -> None:
     with fake_accelerator(gpu_semantics=True):
         report = run_generated(program, "userstreams_aot_eager")
     assert report, f"{report}\n{program}"
+
+
+W0 = torch.randn(8, 8, requires_grad=True)
+
+
+def transposed_copy_updated_on_the_side(
+    x: torch.Tensor, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    h = (x @ W0).tanh()
+    side.wait_stream(main)
+    with side:
+        t = (h.t() * 1.5).t()
+        t.mul_(2)
+    main.wait_stream(side)
+    return (t * h).sum()
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_side_stream_update_of_a_transposed_copy_compiles_by_default(
+    gpu: FakeAcceleratorStream,
+) -> None:
+    """Inductor's passes move a read of ``t``'s buffer to another stream in the backward;
+    only a backward compiled with its forward can get the event that orders the buffer's
+    reuse. It was refused at the first backward unless the user set
+    ``force_non_lazy_backward_lowering``."""
+    x = torch.randn(4, 8)
+    compiled = torch.compile(transposed_copy_updated_on_the_side, backend="userstreams")
+    with detect_races({"main": gpu}) as report:
+        compiled(x, FakeAcceleratorStream(), gpu).backward()
+    assert report, str(report)
+    assert W0.grad is not None
+    compiled_grad, W0.grad = W0.grad, None
+    transposed_copy_updated_on_the_side(x, FakeAcceleratorStream(), gpu).backward()
+    torch.testing.assert_close(compiled_grad, W0.grad)

@@ -273,7 +273,11 @@ def compile_fx_with_regions(
     """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler.
 
     AOTAutograd's cache is bypassed for such graphs: a cache hit would skip the passes,
-    and with them the events they request for this graph's table.
+    and with them the events they request for this graph's table. The backward compiles
+    with its forward, not lazily at its first run: Inductor's graph passes can move a read
+    to another stream than the one that allocated its buffer (a transposed copy updated in
+    place on a side stream), and only while the forward's backend runs can the graph get
+    a new event to order that memory's reuse (``reuse_syncs``).
     """
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -281,5 +285,7 @@ def compile_fx_with_regions(
     inner = tagged(StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph))
     name = table.graph_name if table is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
-    with functorch_config.patch(enable_autograd_cache=False):
+    with functorch_config.patch(
+        enable_autograd_cache=False, force_non_lazy_backward_lowering=True
+    ):
         return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=config_patches)
