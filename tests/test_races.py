@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_generated_programs import PROFILE
 
 from torch_userstreams.passes import backward_syncs, dealloc_syncs, write_backs
@@ -88,8 +89,9 @@ def test_a_racy_program_is_flagged_naming_ops_streams_and_fix(
         fork.detail
     )
     assert fork.fix.startswith("record an event on main after randn (eager, test_races.py:")
-    assert "graph unjoined" in fork.second and fork.fix.endswith("wait for it on stream #0 "
-    f"before {fork.second}")
+    assert "graph unjoined" in fork.second and fork.fix.endswith(
+        f"wait for it on stream #0 before {fork.second}"
+    )
     assert not report and "race(s)" in str(report)
 
 
@@ -210,7 +212,9 @@ def fake_accelerator_program(program: Program) -> tuple[Callable[..., Any], list
             continue
         lines.append(f"{found.group(1)}pass")
         made.setdefault(found.group(2), "Stream" in line)
-    objects = [FakeAcceleratorStream() if stream else FakeAcceleratorEvent() for stream in made.values()]
+    objects = [
+        FakeAcceleratorStream() if stream else FakeAcceleratorEvent() for stream in made.values()
+    ]
     lines[0] = lines[0].replace("):", "".join(f", {name}" for name in made) + "):")
     namespace: dict[str, Any] = {"torch": torch}
     exec(compile("\n".join(lines) + "\n", "<program>", "exec"), namespace)
@@ -232,12 +236,35 @@ def run_generated(program: Program, backend: str) -> RaceReport:
 
 
 @pytest.mark.usefixtures("installed")
-@settings(PROFILE, max_examples=max(1, PROFILE.max_examples // DETECTOR_SHARE))
-@given(program=programs(graph_breaks=False))
-def test_generated_programs_do_not_race_on_a_gpu(program: Program) -> None:
+@pytest.mark.parametrize(
+    ("backend", "share"),
+    [
+        ("userstreams_aot_eager", DETECTOR_SHARE),
+        pytest.param(
+            "userstreams",
+            10,
+            marks=pytest.mark.xfail(
+                reason="the detector finds a race in one generated program of the ci profile "
+                "under userstreams (Inductor regions); not yet diagnosed, open in issue 37",
+                strict=False,
+            ),
+        ),
+    ],
+)
+@given(data=st.data())
+@settings(PROFILE)
+def test_generated_programs_do_not_race_on_a_gpu(
+    backend: str, share: int, data: st.DataObject
+) -> None:
+    """Every generated program, framed as on a GPU, runs race-free forward and backward
+    (a quarter of the profile's examples through ``userstreams_aot_eager``, a tenth
+    through ``userstreams``, whose compiles are slower)."""
+    if data.draw(st.integers(0, share - 1), label="sampled out") != 0:
+        return
+    program = data.draw(programs(graph_breaks=False), label="program")
     torch._dynamo.reset()
     with fake_accelerator(gpu_semantics=True):
-        report = run_generated(program, "userstreams_aot_eager")
+        report = run_generated(program, backend)
     assert report, f"{report}\n{program}"
 
 
@@ -273,3 +300,136 @@ def test_a_side_stream_update_of_a_transposed_copy_compiles_by_default(
     compiled_grad, W0.grad = W0.grad, None
     transposed_copy_updated_on_the_side(x, FakeAcceleratorStream(), gpu).backward()
     torch.testing.assert_close(compiled_grad, W0.grad)
+
+
+class TwoStreamBlock(torch.nn.Module):
+    """``x + relu(main(x)) + tanh(norm(side(x)))``, the side branch on its own stream."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.main = torch.nn.Linear(dim, dim)
+        self.side = torch.nn.Linear(dim, dim)
+        self.norm = torch.nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+        main = torch.accelerator.current_stream()
+        side.wait_stream(main)
+        with side:
+            branch = torch.tanh(self.norm(self.side(x)))
+        main.wait_stream(side)
+        return x + torch.relu(self.main(x)) + branch
+
+
+class TrainingStep(torch.nn.Module):
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(TwoStreamBlock(dim) for _ in range(2))
+        self.head = torch.nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, sides: list[torch.Stream]) -> torch.Tensor:
+        for block, side in zip(self.blocks, sides, strict=True):
+            x = block(x, side)
+        return torch.nn.functional.mse_loss(self.head(x), y)
+
+
+def train(step: Callable[..., torch.Tensor], model: torch.nn.Module) -> list[float]:
+    """Three optimizer steps of two micro-batches each, every call on fresh side streams."""
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(3):
+        for _ in range(2):
+            x, y = torch.randn(4, 8, generator=generator), torch.randn(4, 1, generator=generator)
+            loss = step(x, y, [FakeAcceleratorStream(), FakeAcceleratorStream()])
+            loss.backward()
+            losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_training_loop_does_not_race_and_matches_eager(
+    backend: str, gpu: FakeAcceleratorStream
+) -> None:
+    """Forward, backward, gradient accumulation over micro-batches, BatchNorm statistics and
+    the optimizer, all watched: the backward's entry (gradients made on the current stream)
+    and exit (the optimizer reads them there) included."""
+    torch.manual_seed(0)
+    model = TrainingStep()
+    reference = TrainingStep()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=backend)
+    with detect_races({"main": gpu}) as report:
+        losses = train(compiled, model)
+    assert report, str(report)
+    assert report.kernels > 100
+    torch.testing.assert_close(losses, train(reference, reference))
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+def offloaded(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+    h = torch.tanh(x @ W0)
+    side.wait_stream(main)
+    with side:
+        a = torch.sin(h @ W) * h
+    main.wait_stream(side)
+    return torch.relu(a).sum()
+
+
+def traced(fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn)(torch.randn(4, 8))
+
+
+HOOKS = {
+    "clone, traced (inlined by AOTAutograd)": lambda: (
+        traced(torch.clone),
+        traced(torch.clone),
+    ),
+    "clone, plain functions": lambda: (torch.clone, torch.clone),
+    "bf16 pack, fp32 unpack, traced": lambda: (
+        traced(lambda t: t.to(torch.bfloat16)),
+        traced(lambda t: t.to(torch.float32)),
+    ),
+}
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hooks", HOOKS)
+def test_saved_tensors_hooks_around_streams_are_refused_naming_them(
+    hooks: str, backend: str, gpu: FakeAcceleratorStream
+) -> None:
+    """AOTAutograd applies them after the package's passes: the pack hook read side-stream
+    tensors unsynced (3 hazards with the traced clone; the bf16 one failed inside Inductor
+    with ``expected predicate to be bool``). The way out the error gives, calling the
+    function outside the hooks' block, is race-free."""
+    pack, unpack = HOOKS[hooks]()
+    compiled = torch.compile(offloaded, backend=backend)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), pytest.raises(Exception) as exc:
+        compiled(torch.randn(4, 8), FakeAcceleratorStream(), gpu)
+    message = str(exc.value)
+    assert "graph offloaded [0/0] uses accelerator streams and is compiled inside" in message
+    assert "torch.autograd.graph.saved_tensors_hooks(pack=" in message
+    assert "Call the compiled function outside the saved_tensors_hooks block" in message
+    torch._dynamo.reset()
+    with detect_races({"main": gpu}) as report:
+        compiled(torch.randn(4, 8), FakeAcceleratorStream(), gpu).backward()
+    assert report, str(report)
+
+
+@pytest.mark.usefixtures("installed")
+def test_saved_tensors_hooks_around_cpu_streams_compile() -> None:
+    """On CPU streams every op runs in program order: nothing can race, nothing is refused."""
+    from torch_userstreams.simulator import SimStream
+
+    side, main = SimStream(device="cpu"), SimStream(device="cpu")
+    compiled = torch.compile(offloaded, backend="userstreams_aot_eager")
+    with torch.autograd.graph.saved_tensors_hooks(torch.clone, torch.clone):
+        out = compiled(torch.randn(4, 8), side, main)
+    out.backward()
+    assert W0.grad is not None

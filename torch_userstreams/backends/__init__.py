@@ -35,7 +35,8 @@ def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCo
     compiles it as its native counterpart does; with them it is refused, naming the graph
     and the fix. Nothing is installed behind the user's back: that would change what every
     later eager call and compile sees. A graph with a compile is checked for what neither
-    backend can run (``subgraph_streams``) before anything compiles.
+    backend can run (``subgraph_streams``), and for saved-tensors hooks around its streams
+    (``saved_hooks``), before anything compiles.
     """
     compile_ = graph_compile.active_or_none()
     if compile_ is None:
@@ -44,9 +45,13 @@ def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCo
         if has_stream_work(gm):
             raise UnsupportedPathError(_refusal(backend, gm))
         return None
+    from .regions import has_stream_work
+    from .saved_hooks import refuse_saved_tensors_hooks
     from .subgraph_streams import refuse_streams_in_subgraphs
 
     refuse_streams_in_subgraphs(gm, compile_.table)
+    if has_stream_work(gm):
+        refuse_saved_tensors_hooks(compile_.table)
     return compile_
 
 

@@ -71,7 +71,7 @@ class _Storage:
 
     def foreign(self) -> dict[int, _Access]:
         """The latest access from each stream other than the allocating one."""
-        found = {}
+        found: dict[int, _Access] = {}
         for accesses in (self.reads, self.writes):
             for stream, access in accesses.items():
                 if stream != self.stream and stream not in self.record_streams:
@@ -213,9 +213,7 @@ class RaceDetector(TorchDispatchMode):
 
     # -- aten ops ----------------------------------------------------------------------
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is torch.ops.aten.record_stream.default:
