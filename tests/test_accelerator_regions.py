@@ -423,7 +423,7 @@ def test_a_buffer_no_dealloc_sync_holds_gets_a_new_event() -> None:
     made to drop ``tanh`` from what it saves: a new event of the table covers the read,
     and without one (a graph compiled after its objects were made) the error names it."""
     from torch_userstreams.backends.regions import runs_on
-    from torch_userstreams.backends.reuse_syncs import buffer_of, resync_reuse
+    from torch_userstreams.backends.reuse_syncs import TableRequests, buffer_of, resync_reuse
     from torch_userstreams.errors import UnsupportedPathError
     from torch_userstreams.testing import capture, check_stream_safety
     from torch_userstreams.testing.checker import STREAM_DEVICES_META
@@ -448,12 +448,19 @@ def test_a_buffer_no_dealloc_sync_holds_gets_a_new_event() -> None:
         resync_reuse(gm, table)
 
     made: list[torch.device] = []
+    loaded: list[torch.device] = []
 
     def new_event(device: torch.device) -> int:
         made.append(device)
         return 99
 
-    notes = resync_reuse(gm, table, new_event)
+    def load_current_stream(device: torch.device) -> int:
+        loaded.append(device)
+        entry = table.find_current_stream(device)
+        assert entry is not None
+        return entry.index
+
+    notes = resync_reuse(gm, table, TableRequests(new_event, load_current_stream))
     assert made == [torch.device("cuda", 0)] and len(notes) == 2, notes
     syncs = [
         (n.target, n.args)
@@ -465,6 +472,9 @@ def test_a_buffer_no_dealloc_sync_holds_gets_a_new_event() -> None:
     read = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor)
     main, side = runs_on(read), runs_on(tanh)
     assert main is not None and side is not None and main != side
+    current = table.find_current_stream(torch.device("cuda", 0))
+    named_current = current is not None and current.index in (main, side)
+    assert loaded == ([torch.device("cuda", 0)] if named_current else []), loaded
     assert syncs == [
         (torch.ops.streams.record_event.default, (99, main)),
         (torch.ops.streams.sync_dealloc.default, (99, side, tanh)),
@@ -555,9 +565,9 @@ def test_the_backward_compiles_with_its_forward_and_may_add_events(
     makers: list[bool] = []
     real = inductor_regions.resync_reuse
 
-    def spy(gm: torch.fx.GraphModule, table: Any, new_event: Any = None) -> list[str]:
-        makers.append(new_event is not None)
-        return real(gm, table, new_event)
+    def spy(gm: torch.fx.GraphModule, table: Any, requests: Any = None) -> list[str]:
+        makers.append(requests is not None)
+        return real(gm, table, requests)
 
     monkeypatch.setattr(inductor_regions, "resync_reuse", spy)
     x, w = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)

@@ -51,7 +51,7 @@ from .regions import (
     without_streams,
 )
 from .reuse_syncs import NAME as REUSE_SYNCS
-from .reuse_syncs import EventMaker, resync_reuse
+from .reuse_syncs import TableRequests, resync_reuse
 from .subgraph_streams import construct_names
 
 log = logging.getLogger("torch_userstreams")
@@ -82,8 +82,8 @@ class StreamRegionsCompiler:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
         if not self.cpu and self.table is not None and has_stream_work(gm):
-            new_event = self._event_maker(backward=bool(kwargs.get("is_backward")))
-            for note in resync_reuse(gm, self.table, new_event):
+            requests = self._table_requests(backward=bool(kwargs.get("is_backward")))
+            for note in resync_reuse(gm, self.table, requests):
                 log.debug("torch_userstreams: graph %s: %s", self.table.graph_name, note)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
@@ -101,9 +101,9 @@ class StreamRegionsCompiler:
                 return self.compile_region(stripped, example_inputs, **kwargs)
             return self.partitioned(gm, kwargs)
 
-    def _event_maker(self, *, backward: bool) -> EventMaker | None:
-        """New events for this graph's table while its backend compiles it (its prologue
-        does not exist yet); None for a graph compiled later, such as a lazy backward."""
+    def _table_requests(self, *, backward: bool) -> TableRequests | None:
+        """New events and current streams for this graph's table while its backend compiles
+        it (its prologue does not exist yet); None for a graph compiled later."""
         compile_ = graph_compile.active_or_none()
         if compile_ is None or compile_.table is not self.table:
             return None
@@ -111,7 +111,10 @@ class StreamRegionsCompiler:
         def make(device: torch.device) -> int:
             return new_event(compile_, device, added_by=REUSE_SYNCS, backward=backward)
 
-        return make
+        def load(device: torch.device) -> int:
+            return compile_.current_stream(device, added_by=REUSE_SYNCS, graph_nodes_only=True)
+
+        return TableRequests(make, load)
 
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
         """On CPU every graph of the table is compiled here, so the table learns all that its

@@ -47,7 +47,14 @@ NAME = "reuse_syncs"
 _DEALLOC_PASS = "dealloc_syncs"
 _EVENT_OPS = ("record_event", "wait_event", "sync_dealloc", "synchronize_event")
 
-EventMaker = Callable[[torch.device], int]  # a new event of the graph's table, for a device
+@dataclass(frozen=True)
+class TableRequests:
+    """What the compile of a graph can still add to its table, before its prologue exists:
+    a new event for a device, and the device's current stream loaded per call (an entry
+    ``table.find_current_stream`` finds is loaded only for graphs that request it)."""
+
+    new_event: Callable[[torch.device], int]
+    load_current_stream: Callable[[torch.device], int]
 
 
 def buffer_of(node: torch.fx.Node) -> torch.fx.Node:
@@ -131,11 +138,11 @@ def _scan(gm: torch.fx.GraphModule, table: UserObjectTable) -> tuple[_Syncs, _Us
 
 
 def resync_reuse(
-    gm: torch.fx.GraphModule, table: UserObjectTable, new_event: EventMaker | None = None
+    gm: torch.fx.GraphModule, table: UserObjectTable, requests: TableRequests | None = None
 ) -> list[str]:
     """Add the dealloc syncs ``gm`` misses (see the module docstring); returns notes.
 
-    ``new_event`` makes an event for the graph's table, where it can still get one (the
+    ``requests`` makes an event for the graph's table, where it can still get one (the
     backend is compiling the graph, before its prologue exists): used for a buffer no
     dealloc sync holds at all, such as a value the joint graph kept for its backward that
     the partitioner chose to recompute there instead.
@@ -156,10 +163,12 @@ def resync_reuse(
         event = syncs.event_for(buffer, reader)
         if event is not None and table.entries[event].added_by == _DEALLOC_PASS:
             after = nodes[max(position[last], syncs.last_use[event])]
-        elif new_event is not None:
-            event, after = new_event(table.device(reader)), last
+        elif requests is not None:
+            event, after = requests.new_event(table.device(reader)), last
         else:
             raise _no_event(table, buffer, last)
+        if requests is not None:
+            _load_current_streams(table, requests, reader, owner)
         notes += _insert(gm.graph, after, event, reader, owner, buffer)
     return notes
 
@@ -175,6 +184,16 @@ def _stream_index(node: torch.fx.Node, table: UserObjectTable) -> int | None:
         return stream
     entry = table.find_current_stream(device_of(node))
     return None if entry is None else entry.index
+
+
+def _load_current_streams(table: UserObjectTable, requests: TableRequests, *streams: int) -> None:
+    """The syncs about to be inserted name ``streams``: a current stream among them must be
+    loaded per call, or the call fails to find it."""
+    for stream in streams:
+        device = table.device(stream)
+        entry = table.find_current_stream(device)
+        if entry is not None and entry.index == stream:
+            requests.load_current_stream(device)
 
 
 def _outputs(output: torch.fx.Node) -> list[torch.fx.Node]:

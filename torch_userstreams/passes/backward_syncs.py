@@ -11,9 +11,11 @@ current stream: it makes that stream wait for the incoming gradients, and takes 
 gradients as made there. Eager runs each op's backward on its own forward stream, and the
 engine syncs every edge. So, at the graph's edges:
 
-* entry: each other stream that reads an incoming gradient (a tangent) waits for the current
-  stream first (an event recorded on the current stream right before that stream's first
-  such read);
+* entry: each other stream that reads an incoming gradient (a tangent), or a forward value
+  made on another stream, waits for the current stream first (an event recorded on the
+  current stream right before that stream's first such read): the forward's values are
+  ready on the current stream when the backward starts (the forward joined its streams
+  there), not on a side stream that never waited for them;
 * exit: each returned gradient made on another stream is waited for by the current stream
   before the graph returns (an event recorded right after the node that made it).
 
@@ -73,27 +75,40 @@ def _edge_event(
     return new_event(compile_, device, added_by=NAME, backward=True), current
 
 
-def _first_tangent_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node, torch.fx.Node]]:
-    """For each annotated stream: (tangent, its first backward reader on that stream)."""
+def _made_before_the_backward(value: torch.fx.Node, stream: int) -> bool:
+    """An incoming gradient, or a forward value made on another stream than ``stream``:
+    either is ready on the current stream when the backward starts, not on ``stream``."""
+    if is_tangent(value):
+        return True
+    forward = value.op == "call_function" and not is_backward(value)
+    return forward and not is_sync_op(value.target) and stream_of(made_by(value)) != stream
+
+
+def _first_entry_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node, torch.fx.Node]]:
+    """For each annotated stream: (a value made before the backward, its first backward
+    reader on that stream)."""
     first: dict[int, tuple[torch.fx.Node, torch.fx.Node]] = {}
     for node in graph.nodes:
         stream = stream_of(node)
         if not _is_backward_value(node) or stream is None or stream in first:
             continue
-        tangent = next((arg for arg in node.all_input_nodes if is_tangent(arg)), None)
-        if tangent is not None:
-            first[stream] = (tangent, node)
+        value = next(
+            (arg for arg in node.all_input_nodes if _made_before_the_backward(arg, stream)), None
+        )
+        if value is not None:
+            first[stream] = (value, node)
     return first
 
 
 def _entry_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
     notes = []
-    for stream, (tangent, reader) in _first_tangent_reads(graph).items():
-        edge = _edge_event(tangent, stream, compile_)
+    for stream, (value, reader) in _first_entry_reads(graph).items():
+        edge = _edge_event(value, stream, compile_)
         if edge is None:
             continue
         event, current = edge
-        why = f"{reader.name} reads the incoming gradient {tangent.name} on another stream"
+        what = "the incoming gradient" if is_tangent(value) else "the forward's"
+        why = f"{reader.name} reads {what} {value.name} on another stream"
         with graph.inserting_before(reader):
             notes.append(
                 _sync(graph, torch.ops.streams.record_event.default, (event, current), why)
@@ -103,7 +118,7 @@ def _entry_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
                     graph,
                     torch.ops.streams.wait_event.default,
                     (event, stream),
-                    f"{reader.name} waits for the gradients the backward was given",
+                    f"{reader.name} waits for what the backward was given",
                 )
             )
     return notes
