@@ -12,7 +12,8 @@ gradients as made there. Eager runs each op's backward on its own forward stream
 engine syncs every edge. So, at the graph's edges:
 
 * entry: each other stream that reads an incoming gradient (a tangent), or a forward value
-  made on another stream, waits for the current stream first (an event recorded on the
+  made on another stream that it did not read in the forward, waits for the current stream
+  first (an event recorded on the
   current stream right before that stream's first such read): the forward's values are
   ready on the current stream when the backward starts (the forward joined its streams
   there), not on a side stream that never waited for them;
@@ -76,12 +77,20 @@ def _edge_event(
 
 
 def _made_before_the_backward(value: torch.fx.Node, stream: int) -> bool:
-    """An incoming gradient, or a forward value made on another stream than ``stream``:
-    either is ready on the current stream when the backward starts, not on ``stream``."""
+    """An incoming gradient, or a forward value made on another stream than ``stream`` and
+    not read on ``stream`` in the forward: either is ready on the current stream when the
+    backward starts, not on ``stream``. A forward read on ``stream`` already ordered it
+    there (the user's sync, or a race the forward has anyway)."""
     if is_tangent(value):
         return True
     forward = value.op == "call_function" and not is_backward(value)
-    return forward and not is_sync_op(value.target) and stream_of(made_by(value)) != stream
+    if not forward or is_sync_op(value.target):
+        return False
+    made = made_by(value)
+    if stream_of(made) == stream:
+        return False
+    readers = {*value.users, *made.users}
+    return not any(not is_backward(reader) and stream_of(reader) == stream for reader in readers)
 
 
 def _first_entry_reads(graph: torch.fx.Graph) -> dict[int, tuple[torch.fx.Node, torch.fx.Node]]:

@@ -3,6 +3,8 @@
 * ``check_stream_safety(gm)`` / ``assert_stream_safe(gm)``: static happens-before check of
   an FX graph (``checker``).
 * ``capture(fn, *args)``: the graphs a package backend executes for ``fn`` (``capture``).
+* ``races.detect_races()``: a run-time race detector over simulated streams, with
+  ``fake_accelerator.fake_accelerator(gpu_semantics=True)`` for what a GPU would race on.
 * ``strategies``: Hypothesis strategies of stream programs (needs ``hypothesis``; import it
   explicitly).
 """
