@@ -41,6 +41,7 @@ from torch_userstreams.testing.races import RaceReport, detect_races
 from torch_userstreams.testing.strategies import programs
 
 BACKENDS = ["userstreams_aot_eager", "userstreams"]
+TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 DETECTOR_SHARE = 4  # the generated-program property runs a quarter of the profile's examples
 
 
@@ -517,6 +518,12 @@ def test_saved_tensors_hooks_around_cpu_streams_compile() -> None:
 
 
 @pytest.mark.usefixtures("installed")
+@pytest.mark.skipif(
+    TORCH < (2, 12),
+    reason="torch 2.11 gives this graph no current-stream entry, so the backend's re-sync "
+    "cannot tell that the unannotated read runs on the stream passed in as main (it only "
+    "backs up dealloc_syncs, which covers the read)",
+)
 def test_the_backend_re_syncs_what_the_dealloc_pass_left_out(
     gpu: FakeAcceleratorStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
