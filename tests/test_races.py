@@ -505,6 +505,16 @@ def test_saved_tensors_hooks_around_streams_are_refused_naming_them(
 
 
 @pytest.mark.usefixtures("installed")
+def test_saved_tensors_hooks_without_grad_compile(gpu: FakeAcceleratorStream) -> None:
+    """Without grad nothing is saved: the hooks never run, nothing is refused."""
+    compiled = torch.compile(offloaded, backend="userstreams")
+    with torch.autograd.graph.saved_tensors_hooks(torch.clone, torch.clone), torch.no_grad():
+        with detect_races({"main": gpu}) as report:
+            compiled(torch.randn(4, 8), FakeAcceleratorStream(), gpu)
+    assert report, str(report)
+
+
+@pytest.mark.usefixtures("installed")
 def test_saved_tensors_hooks_around_cpu_streams_compile() -> None:
     """On CPU streams every op runs in program order: nothing can race, nothing is refused."""
     from torch_userstreams.simulator import SimStream

@@ -7,7 +7,9 @@ on each saved tensor as the forward returns. Either way the pack hook reads tens
 side stream made on the current stream, with nothing ordering the two (found by the run-time
 race detector: the pack's ``clone`` read ``cos`` while the side stream could still write
 it), and the unpacked tensors reach the backward's side streams unsynced. On CPU streams
-every op runs in program order, so nothing can race and nothing is refused.
+every op runs in program order, so nothing can race and nothing is refused; without grad
+nothing is saved. A function compiled outside the hooks' block is not checked when a later
+call runs inside it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ def refuse_saved_tensors_hooks(table: UserObjectTable) -> None:
     """Raise if saved-tensors hooks are active while a graph with accelerator streams
     compiles (see the module docstring)."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
-    if not hooks or all_on_cpu(table):
-        return
+    if not hooks or all_on_cpu(table) or not torch.is_grad_enabled():
+        return  # without grad nothing is saved, and the hooks never run
     pack, unpack = hooks
     raise UnsupportedPathError(
         f"torch_userstreams: graph {table.graph_name} uses accelerator streams and is compiled "

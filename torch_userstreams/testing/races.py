@@ -7,7 +7,9 @@ backward, and orders it as a GPU would:
   each op of a region run as its graph, the autograd engine's own ops, the user's eager
   code), and each call of Inductor-compiled code as one kernel that reads its tensor inputs
   and writes its outputs and the inputs it mutates. Each runs on the stream entered last
-  (``with stream:``), else on the current stream;
+  (``with stream:``) inside the block, else on the current stream. The autograd engine's
+  ops for eager code run there too, where a GPU runs each on its forward op's stream: eager
+  backward work after side-stream forward work can be reported falsely;
 * each sync made on a simulated stream or event (``observe``): record, wait, wait_stream,
   synchronize;
 * each storage: which kernel allocated it, on which stream, and when it is freed.
@@ -26,8 +28,11 @@ places the syncs a GPU graph gets, and the streams are simulated ones this modul
 CPU streams (``SimStream(device="cpu")``) the package rightly places no sync at all (CPU work
 runs in program order), so the detector would report races a CPU cannot have.
 
-What it cannot see: work on native (non-simulated) streams, and kernels of compiled code that
-is not Inductor's (it runs as one kernel the dispatcher sees op by op, or not at all).
+What it cannot see: work on native (non-simulated) streams (a native current stream is a
+new Python object at each query, so it is no key either), streams entered before the block,
+``record_stream`` (it has no CPU kernel), kernels of compiled code that is not Inductor's,
+and the frees of tensors a compiled forward saves for its backward (all it returns is taken
+as the caller's).
 """
 
 from __future__ import annotations
@@ -268,10 +273,9 @@ class RaceDetector(TorchDispatchMode):
         return storage is None or storage.ref.expired()
 
     def _allocate(self, tensor: torch.Tensor, stream: int, label: str) -> None:
+        """A storage's key cannot be reused while its record's weak reference lives, so no
+        live record is overwritten here."""
         key = _storage_key(tensor)
-        old = self._storages.get(key)
-        if old is not None:
-            self._judge_free(old, reuse=None)
         self._storages[key] = _Storage(StorageWeakRef(tensor.untyped_storage()), stream, label)
 
     def _known(self, tensor: torch.Tensor, stream: int, label: str, write: bool) -> _Storage:
@@ -385,7 +389,7 @@ class RaceDetector(TorchDispatchMode):
                 second="<free>",
                 second_stream=storage.stream,
                 fix=f"before the tensor is freed, make {a} wait for an event recorded on {b} "
-                f"after {last.label} (sync_dealloc), or call tensor.record_stream({b})",
+                f"after {last.label} (what sync_dealloc does)",
                 detail=f"memory allocated by {storage.label} on {a} was freed while "
                 f"{last.label} on {b} may still use it; {a} may reuse it {when}",
             )
