@@ -3,8 +3,10 @@
 Simulated streams and events (``simulator``) tell the watcher of the running context every
 stream they enter and leave and every sync made on them; code that runs work the dispatcher
 never sees (a compiled graph's kernels) tells it each kernel with the tensors it reads and
-writes. Nobody watches unless ``watching(observer)`` is active, and then only in that
-context: the cost when nobody watches is one context-variable read per sync.
+writes (``kernel``: for compiled launchers; the race detector counts Inductor's compiled
+calls itself). Nobody watches unless ``watching(observer)`` is active, and then only in that
+context: the cost when nobody watches is one context-variable read per simulated sync and
+one per compiled ``run.plan.Program`` call (``escape``).
 """
 
 from __future__ import annotations
