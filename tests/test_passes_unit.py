@@ -300,6 +300,31 @@ def test_sync_ordering_keeps_forward_and_backward_dependencies_apart() -> None:
 
 
 @needs_control_deps
+def test_sync_ordering_pins_a_backward_syncs_re_exports_to_the_backward() -> None:
+    """An operand computed from forward values alone (BatchNorm's backward unsqueezes the
+    saved mean) is tagged ``is_backward`` only; torch 2.14+'s partitioner then took its
+    re-export for a forward value and saved a value computed from it, which the forward
+    cannot compute ("Node sub_1 was invalid, but is output"). The re-exports are pinned to
+    the backward; the operand itself stays free to be saved."""
+    graph = torch.fx.Graph()
+    mean, grad = graph.placeholder("mean"), graph.placeholder("tangents_1")
+    view = node(graph, ops.aten.unsqueeze.default, (mean, 0), stream=0)
+    summed = node(graph, ops.aten.sum.default, (grad,), stream=0)
+    record = graph.call_function(ops.streams.record_event.default, (5, 0))
+    record.meta["partitioner_tag"] = "must_be_in_backward"
+    later = node(graph, ops.aten.sub.Tensor, (view, summed), stream=0)
+    graph.output((later,))
+    gm = module(graph)
+    assert run(sync_ordering.WRAP, gm, GraphCompile())
+    (control,) = [n for n in gm.graph.nodes if "control_deps" in str(n.target)]
+    assert list(control.args[0]) == [view, summed]
+    re_exports = [user for user in control.users if user.target is operator.getitem]
+    assert {user.args[1] for user in re_exports} == {1, 2}, "both operands are re-exported"
+    assert {n.meta["partitioner_tag"] for n in (control, *re_exports)} == {"must_be_in_backward"}
+    assert view.meta["partitioner_tag"] == "is_backward"
+
+
+@needs_control_deps
 @pytest.mark.parametrize(
     ("layout", "dep"),
     [

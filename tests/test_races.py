@@ -42,19 +42,6 @@ from torch_userstreams.testing.strategies import programs
 
 BACKENDS = ["userstreams_aot_eager", "userstreams"]
 TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-# The min-cut partitioner of torch 2.14 and 2.15 fails a BatchNorm training graph with
-# side-stream syncs placed as for a GPU ("Node sub_1 was invalid, but is output"); with CPU
-# semantics, and on 2.11-2.13, it compiles. Open: found by these tests, not yet diagnosed.
-BATCH_NORM_TRAINING_ON_A_GPU = pytest.mark.xfail(
-    TORCH >= (2, 14),
-    reason="torch 2.14+'s partitioner fails BatchNorm training graphs with GPU syncs "
-    "('Node ... was invalid, but is output'); not yet diagnosed",
-    strict=True,
-)
-BACKENDS_FOR_BATCH_NORM_TRAINING = [
-    "userstreams_aot_eager",
-    pytest.param("userstreams", marks=BATCH_NORM_TRAINING_ON_A_GPU),
-]
 DETECTOR_SHARE = 4  # the generated-program property runs a quarter of the profile's examples
 
 
@@ -142,7 +129,7 @@ def batch_norm_step(bn: torch.nn.Module) -> Callable[..., torch.Tensor]:
     [
         ("userstreams_aot_eager", True),
         ("userstreams_aot_eager", False),
-        pytest.param("userstreams", True, marks=BATCH_NORM_TRAINING_ON_A_GPU),
+        ("userstreams", True),
         ("userstreams", False),
     ],
 )
@@ -451,7 +438,7 @@ def train(step: Callable[..., torch.Tensor], model: torch.nn.Module) -> list[flo
 
 
 @pytest.mark.usefixtures("installed")
-@pytest.mark.parametrize("backend", BACKENDS_FOR_BATCH_NORM_TRAINING)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_training_loop_does_not_race_and_matches_eager(
     backend: str, gpu: FakeAcceleratorStream
 ) -> None:

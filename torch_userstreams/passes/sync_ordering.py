@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import PARTITIONER_TAG, is_backward, is_tangent, mark_phase, stream_of
+from ..fx.meta import IS_BACKWARD, PARTITIONER_TAG, is_backward, is_tangent, mark_phase, stream_of
 from ..fx.ops import is_sync_op, op_name
 from .contract import GraphPass
 
@@ -63,9 +63,17 @@ def _deps(
 
 
 def _keep_in_phase(control: torch.fx.Node, backward: bool) -> None:
-    """The partitioner must keep a wrapped sync (and what re-exports it) in its own graph."""
+    """The partitioner must keep a wrapped sync (and what re-exports it) in its own graph.
+
+    A backward re-export is pinned even when AOTAutograd tagged it ``is_backward``: torch
+    2.14+'s partitioner counts a re-export as backward-only only when its operand is, and an
+    operand computed from saved values alone (BatchNorm's backward unsqueezes the saved
+    mean) is not, so it saved a value computed from the re-export, which the forward cannot
+    compute ("Node sub_1 was invalid, but is output"). The operand stays free to be saved."""
     for node in (control, *control.all_input_nodes, *control.users):
-        if node.op in ("get_attr", "call_function") and node.meta.get(PARTITIONER_TAG) is None:
+        tag = node.meta.get(PARTITIONER_TAG)
+        re_export = backward and tag == IS_BACKWARD and node in control.users
+        if node.op in ("get_attr", "call_function") and (tag is None or re_export):
             mark_phase(node, backward)
     mark_phase(control, backward)
 
