@@ -2,9 +2,10 @@
 
 Both package backends run graphs this way: ``userstreams_aot_eager`` one step per node,
 ``userstreams`` one step per Inductor-compiled stream region, and both one step per sync.
-A ``Program`` is built once per compile; each call evaluates it with values of its own
-(nothing per call lives on the program, so calls on several threads do not meet) and drops
-every value after its last use, as eager code would.
+A ``Program`` is built once per compile and written out as one Python function
+(``launcher``); each call runs that function with values of its own, in its locals (nothing
+per call lives on the program, so calls on several threads do not meet), and drops every
+value after its last use, as eager code would.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from ..observe import watcher
 from .backward import running_node_binding
 from .issue_syncs import diagnose
-from .lookup import lookup
+from .launcher import failed_step, generate
 from .state import state
 
 
@@ -41,19 +42,6 @@ class Step:
     frees: tuple[int, ...] = ()
 
 
-def load(template: Any, values: list[Any]) -> Any:
-    """``template`` with each ``Ref`` replaced by its value (FX's containers included)."""
-    if type(template) is Ref:
-        return values[template.slot]
-    if isinstance(template, tuple):
-        return tuple(load(item, values) for item in template)
-    if isinstance(template, list):
-        return [load(item, values) for item in template]
-    if isinstance(template, dict):
-        return {key: load(item, values) for key, item in template.items()}
-    return template
-
-
 def refs(template: Any) -> Iterator[int]:
     """The slots a template reads."""
     if type(template) is Ref:
@@ -67,41 +55,26 @@ def refs(template: Any) -> Iterator[int]:
 
 
 class Program:
-    """Steps over ``size`` value slots; ``inputs`` are the slots of the graph's inputs."""
+    """Steps over ``size`` value slots; ``inputs`` are the slots of the graph's inputs.
+
+    Built once per compile, it is written out as one Python function (``launcher``), which
+    each call runs."""
 
     def __init__(self, size: int, inputs: list[int], steps: list[Step], output: Any) -> None:
         self.size = size
         self.inputs = inputs
         self.output = output
         self.steps = _with_frees(steps, set(refs(output)))
+        self.launcher = generate(inputs, self.steps, output)
 
     def run(self, inputs: list[Any]) -> Any:
-        values: list[Any] = [None] * self.size
-        for slot, value in zip(self.inputs, inputs, strict=True):
-            values[slot] = value
-        step = None
         try:
-            for step in self.steps:
-                args = load(step.args, values)
-                kwargs = load(step.kwargs, values) if step.kwargs else {}
-                if step.stream is None:
-                    result = step.call(*args, **kwargs)
-                else:
-                    with lookup(step.stream):
-                        result = step.call(*args, **kwargs)
-                if step.output is not None:
-                    values[step.output] = result
-                elif step.outputs:
-                    for slot, value in zip(step.outputs, result, strict=True):
-                        values[slot] = value
-                for slot in step.frees:
-                    values[slot] = None
+            return self.launcher.launch(*inputs)
         except (AttributeError, TypeError, RuntimeError) as exc:
-            error = None if step is None else diagnose(step.call, step.args, step.stream, exc)
+            error = _diagnosis(self, exc)
             if error is None:
                 raise
             raise error from exc
-        return load(self.output, values)
 
     def boxed(self, *, backward: bool = False) -> Callable[[list[Any]], Any]:
         """The AOTAutograd calling convention: one list argument, owned by the callee. A
@@ -120,6 +93,16 @@ class Program:
         boxed = bound_to_running_node(run) if backward else run
         boxed._boxed_call = True  # type: ignore[attr-defined]
         return boxed
+
+
+def _diagnosis(program: Program, exc: Exception) -> Exception | None:
+    """What the package can say about the step that raised ``exc`` (``issue_syncs.diagnose``),
+    or None. Only asked after a step raised: the per-call path pays nothing for it."""
+    index = failed_step(program.launcher, exc)
+    if index is None:
+        return None
+    step = program.steps[index]
+    return diagnose(step.call, step.args, step.stream, exc)
 
 
 def bound_to_running_node(run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:

@@ -1,0 +1,89 @@
+"""The launcher: a program written out as one Python function, syncs as method calls on the
+call's own objects (each resolved once per call), a failed step found from its line."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from expecttest import TestCase
+
+from torch_userstreams.errors import UserObjectError
+from torch_userstreams.run.issue_syncs import ISSUERS
+from torch_userstreams.run.plan import Program, Ref, Step
+from torch_userstreams.run.state import state
+from torch_userstreams.simulator import SimEvent, SimStream
+
+
+def fork_join() -> Program:
+    """``h = x * 2`` on stream 0; record event 1 there and wait for it on stream 2;
+    ``y = h + x`` on stream 2; the dealloc wait holds ``h`` until stream 0 waits for it."""
+    return Program(
+        4,
+        [0],
+        [
+            Step(torch.mul, (Ref(0), 2), stream=0, output=1),
+            Step(ISSUERS["record_event"], (1, 0)),
+            Step(ISSUERS["wait_event"], (1, 2)),
+            Step(torch.add, (Ref(1), Ref(0)), {"alpha": 3}, stream=2, output=2),
+            Step(ISSUERS["sync_dealloc"], (1, 0, Ref(1))),
+        ],
+        (Ref(2),),
+    )
+
+
+def bound(*objects: object) -> tuple[object, ...]:
+    """A binding as the prologue builds it: its graph first, then the call's objects."""
+    graph = SimpleNamespace(table=SimpleNamespace(graph_name="g [0/0]"))
+    return (graph, *objects)
+
+
+class TestLauncher(TestCase):
+    def test_source(self) -> None:
+        self.assertExpectedInline(
+            fork_join().launcher.source,
+            """\
+def launch(v0):
+    o0 = lookup(0)
+    o1 = lookup(1)
+    o2 = lookup(2)
+    with o0:
+        v1 = k0(v0, 2)
+    o1.record(o0)
+    o1.wait(o2)
+    with o2:
+        v2 = k1(v1, v0, alpha=3)
+    v0 = None
+    o1.wait(o0)
+    v1 = None
+    return (v2, )
+""",
+        )
+
+
+def test_a_call_uses_its_own_objects_and_gives_eager_values() -> None:
+    side, event, main = SimStream(device="cpu"), SimEvent(device="cpu"), SimStream(device="cpu")
+    x = torch.arange(3.0)
+    state.calls.current = bound(side, event, main)
+    try:
+        (y,) = fork_join().run([x])
+    finally:
+        state.calls.current = None
+    torch.testing.assert_close(y, x * 2 + 3 * x)
+    assert event.log == [("record", side), ("wait", main), ("wait", side)]
+
+
+def test_a_failed_sync_is_diagnosed_as_its_step() -> None:
+    """Object 1 is a stream where the record takes an event: the error names the step's
+    sync and the object, as the interpreter did."""
+    streams = [SimStream(device="cpu") for _ in range(3)]
+    state.calls.current = bound(*streams)
+    try:
+        with pytest.raises(
+            UserObjectError,
+            match=r"in graph g \[0/0\], the sync record_event takes an event as argument 0",
+        ):
+            fork_join().run([torch.ones(2)])
+    finally:
+        state.calls.current = None

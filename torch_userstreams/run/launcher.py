@@ -1,0 +1,183 @@
+"""A ``plan.Program`` as one generated Python function: its launcher.
+
+Interpreting a program per call (an argument template per step, a lookup per stream entered
+and per sync, each sync through an issuer function) costs the host more than the graph's own
+work on small steps. The launcher is the same program written out once per compile as
+straight-line code, in the manner of Inductor's wrapper:
+
+    def launch(v0, v1):
+        o2 = lookup(2)            # each user object the graph uses, once per call
+        o3 = lookup(3)
+        with o2:                  # a region (or node) on its stream
+            v4 = c0(v0, v1)
+        v1 = None                 # a value dropped after its last use
+        o3.record(o2)             # a sync: the method of the call's own object
+        o3.wait(None)
+        return (v4,)
+
+Each kind of step writes its own lines (``SyncLines``, ``CallLines``); values live in local
+variables; callables and constants are the function's globals. A step that raises is found
+from the traceback's line, so the happy path pays nothing to be diagnosed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .issue_syncs import ISSUERS
+from .lookup import lookup
+
+if TYPE_CHECKING:
+    from .plan import Step
+
+# How each sync issuer is written as a method call on the call's objects: the positions of
+# its object arguments, and the line (``{0}``... name those arguments, objects or values).
+_SYNC_LINES: dict[Callable[..., None], tuple[tuple[int, ...], str]] = {
+    ISSUERS["record_event"]: ((0, 1), "{0}.record({1})"),
+    ISSUERS["wait_event"]: ((0, 1), "{0}.wait({1})"),
+    ISSUERS["wait_stream"]: ((0, 1), "{0}.wait_stream({1})"),
+    # the tensor is held until here: its memory is not reused before the wait
+    ISSUERS["sync_dealloc"]: ((0, 1), "{0}.wait({1})"),
+    ISSUERS["synchronize_event"]: ((0,), "{0}.synchronize()"),
+    ISSUERS["synchronize_stream"]: ((0,), "{0}.synchronize()"),
+    ISSUERS["record_stream"]: ((1,), "{0}.record_stream({1})"),
+}
+
+
+@dataclass
+class _Source:
+    """The launcher being written: its lines, its globals, and which step each line runs."""
+
+    lines: list[str]
+    names: dict[str, Any]
+    step_of_line: dict[int, int]
+    objects: dict[int, str]
+
+    def constant(self, value: Any) -> str:
+        """A global name for ``value`` (a callable, a constant of a template)."""
+        name = f"k{len(self.names)}"
+        self.names[name] = value
+        return name
+
+    def object(self, index: int) -> str:
+        """The local holding the call's user object ``index``, resolved once per call."""
+        return self.objects.setdefault(index, f"o{index}")
+
+    def emit(self, line: str, step: int, indent: int = 1) -> None:
+        self.lines.append("    " * indent + line)
+        self.step_of_line[len(self.lines)] = step
+
+
+def value(template: Any, source: _Source) -> str:
+    """The expression that builds ``template`` (``Ref``s are locals) at run time."""
+    from .plan import Ref
+
+    if type(template) is Ref:
+        return f"v{template.slot}"
+    if isinstance(template, tuple):
+        items = "".join(f"{value(item, source)}, " for item in template)
+        return f"({items})"
+    if isinstance(template, list):
+        return "[" + ", ".join(value(item, source) for item in template) + "]"
+    if isinstance(template, dict):
+        pairs = (f"{value(k, source)}: {value(v, source)}" for k, v in template.items())
+        return "{" + ", ".join(pairs) + "}"
+    if template is None or type(template) in (bool, int, str):
+        return repr(template)
+    return source.constant(template)
+
+
+def _sync_line(step: Step, source: _Source) -> str | None:
+    """``step`` as a method call on the call's objects, or None (issued as a call)."""
+    spec = _SYNC_LINES.get(step.call)
+    if spec is None or step.kwargs:
+        return None
+    positions, pattern = spec
+    if any(type(step.args[i]) is not int for i in positions if i < len(step.args)):
+        return None
+    names = [
+        source.object(arg) if i in positions else value(arg, source)
+        for i, arg in enumerate(step.args)
+    ]
+    if len(names) < max(positions) + 1:
+        return None
+    return pattern.format(*names)
+
+
+def _call_line(step: Step, source: _Source) -> str:
+    args = [value(arg, source) for arg in step.args]
+    if step.kwargs:
+        args += [f"{key}={value(arg, source)}" for key, arg in step.kwargs.items()]
+    call = f"{source.constant(step.call)}({', '.join(args)})"
+    if step.output is not None:
+        return f"v{step.output} = {call}"
+    if step.outputs:
+        return ", ".join(f"v{slot}" for slot in step.outputs) + f", = {call}"
+    return call
+
+
+def _step_lines(index: int, step: Step, source: _Source) -> None:
+    line = _sync_line(step, source) if not step.outputs else None
+    if line is None:
+        lines = [_call_line(step, source)]
+    else:  # a sync's value (the executor keeps one per node) is None
+        lines = [line] if step.output is None else [line, f"v{step.output} = None"]
+    if step.stream is None:
+        for line in lines:
+            source.emit(line, index)
+    else:
+        source.emit(f"with {source.object(step.stream)}:", index)
+        for line in lines:
+            source.emit(line, index, indent=2)
+    for slot in step.frees:
+        source.emit(f"v{slot} = None", index)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A program's generated function (``launch(*inputs)``), its source, and the step each
+    of its lines issues (for diagnosing a step that raised)."""
+
+    launch: Callable[..., Any]
+    source: str
+    step_of_line: dict[int, int]
+
+
+_counter = itertools.count()
+
+
+def generate(inputs: list[int], steps: list[Step], output: Any) -> Launcher:
+    """The launcher of a program with these input slots, steps and output template."""
+    source = _Source([], {}, {}, {})
+    for index, step in enumerate(steps):
+        _step_lines(index, step, source)
+    result = value(output, source)
+    body = source.lines
+    resolve = [f"    {name} = lookup({index})" for index, name in source.objects.items()]
+    params = ", ".join(f"v{slot}" for slot in inputs)
+    header = [f"def launch({params}):", *resolve]
+    offset = len(header)
+    lines = [*header, *body, f"    return {result}"]
+    text = "\n".join(lines) + "\n"
+    filename = f"<torch_userstreams launcher {next(_counter)}>"
+    namespace: dict[str, Any] = {"lookup": lookup, **source.names}
+    exec(compile(text, filename, "exec"), namespace)
+    step_of_line = {line + offset: step for line, step in source.step_of_line.items()}
+    return Launcher(namespace["launch"], text, step_of_line)
+
+
+def failed_step(launcher: Launcher, exc: BaseException) -> int | None:
+    """The step of ``launcher`` that raised ``exc``, from the innermost traceback entry in the
+    launcher's code (None: raised while resolving the call's objects, or elsewhere)."""
+    code: types.CodeType = launcher.launch.__code__
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            found = launcher.step_of_line.get(tb.tb_lineno)
+        tb = tb.tb_next
+    return found
