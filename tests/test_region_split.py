@@ -93,3 +93,50 @@ def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
         (SIDE, ["inductor_seeds", "zeros", "add", "mul"]),
         (MAIN, ["zeros", "sub"]),
     ]
+
+
+def steps(graph: torch.fx.Graph) -> list[str]:
+    """``split``'s steps: a region as its stream and ops, a sync as its op and arguments."""
+    described = []
+    for step in split(torch.fx.GraphModule(torch.nn.Module(), graph)):
+        if isinstance(step, Region):
+            described.append(f"{step.stream}: {' '.join(op(n) for n in step.nodes)}")
+        else:
+            described.append(f"{step.op.__name__.split('.')[0]}{tuple(step.args)}")
+    return described
+
+
+def test_a_record_is_held_until_the_wait_for_its_event() -> None:
+    """A record between two pieces of a stream's work (event 7 on stream 0) does not split
+    them into two regions: it is issued after both, and still before the wait for it. The
+    waiter then waits for more of stream 0's work than the graph said, never less."""
+    streams = torch.ops.streams
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    graph.call_function(streams.record_event.default, (7, SIDE))
+    b = node(graph, ops.cos.default, (a,), SIDE)
+    graph.call_function(streams.wait_event.default, (7, 1))
+    c = node(graph, ops.neg.default, (a,), 1)
+    graph.call_function(streams.record_event.default, (8, 1))  # waited for by nobody
+    graph.output((b, c))
+    assert steps(graph) == [
+        "0: sin cos",
+        "record_event(7, 0)",
+        "wait_event(7, 1)",
+        "1: neg",
+        "record_event(8, 1)",
+    ]
+
+
+def test_a_second_record_of_an_event_issues_the_first_before_it() -> None:
+    streams = torch.ops.streams
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    graph.call_function(streams.record_event.default, (7, SIDE))
+    b = node(graph, ops.cos.default, (a,), SIDE)
+    graph.call_function(streams.record_event.default, (7, SIDE))
+    c = node(graph, ops.neg.default, (b,), SIDE)
+    graph.output(c)
+    assert steps(graph) == ["0: sin cos", "record_event(7, 0)", "0: neg", "record_event(7, 0)"]

@@ -33,7 +33,7 @@ import torch.fx
 
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
 from ..fx.meta import drop_stream, stream_of
-from ..fx.ops import is_sync_op
+from ..fx.ops import is_sync_op, op_name
 
 
 @dataclass(eq=False)
@@ -175,16 +175,53 @@ def copy_factories_per_stream(gm: torch.fx.GraphModule) -> int:
 Step = Region | SyncCall
 
 
+# The syncs that read an event, and the position of the event among their arguments.
+_EVENT_READERS = {"record_event": 0, "wait_event": 0, "sync_dealloc": 0, "synchronize_event": 0}
+
+
+def _event_of(step: SyncCall) -> int | None:
+    position = _EVENT_READERS.get(op_name(step.op))
+    return None if position is None else step.args[position]
+
+
 class _Grouping:
-    """The regions of the current segment (since the last sync) as they are built."""
+    """The regions of the current segment (since the last sync) as they are built.
+
+    A ``record_event`` is held back until the next sync that reads its event (a wait, a
+    dealloc wait, a synchronize, another record of it) or the end of the graph, and is no
+    boundary meanwhile: work of its stream after it may join the region before it. The
+    event then marks a later point of its stream than the graph's order says, so whoever
+    waits for it waits for that work too: ordering is only added, never removed, and the
+    record is still issued before every wait for it. A record between two pieces of a
+    stream's work (a backward's gradient ready for the join, a dealloc sync's record) no
+    longer splits that work into two compiled regions.
+    """
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self.region_of: dict[torch.fx.Node, Region] = {}
         self.segment: list[Region] = []  # regions since the last sync, in launch order
         self.frozen = 0  # regions before this index of the segment take no more nodes
+        self.held: dict[Any, SyncCall] = {}  # event -> its record, not yet issued
 
     def sync(self, step: SyncCall) -> None:
+        event = _event_of(step)
+        held = self.held.pop(event, None) if event is not None else None
+        if held is not None:
+            self._issue(held)
+        if op_name(step.op) == "record_event" and event is not None:
+            self.held[event] = step
+            return
+        self._issue(step)
+
+    def finish(self) -> list[Step]:
+        """The steps, with every record still held issued at the end of the graph."""
+        for step in self.held.values():
+            self._issue(step)
+        self.held.clear()
+        return self.steps
+
+    def _issue(self, step: SyncCall) -> None:
         self.steps.append(step)
         self.segment, self.frozen = [], 0
 
@@ -243,7 +280,7 @@ def split(gm: torch.fx.GraphModule) -> list[Step]:
             grouping.sync(step)
         else:
             grouping.place(node)
-    return grouping.steps
+    return grouping.finish()
 
 
 def _size_symbols(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -346,8 +383,13 @@ def region_module(gm: torch.fx.GraphModule, region: Region) -> RegionModule:
     for binder in _size_binders(gm, inputs):
         if binder not in env:
             take(binder)
+
+    def copied(value: torch.fx.Node) -> torch.fx.Node:
+        # a passthrough of a value the region makes itself (a record held back: ``split``)
+        return env[value] if value in env else env[alias_of(value)]
+
     for node in region.nodes:
-        env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
+        env[node] = drop_stream(graph.node_copy(node, copied))
     outputs = [n for n in region.nodes if _read_outside(n, members)]
     graph.output(tuple(env[n] for n in outputs))
     module = torch.fx.GraphModule(attributes(gm, graph, keep_syncs=True), graph)
