@@ -33,6 +33,7 @@ from torch_userstreams.demo.model import (
 from torch_userstreams.demo.train import RunResult, run_compiled, run_eager
 from torch_userstreams.testing.capture import no_compile_caches
 
+from . import accelerator_step
 from .config import Config
 from .inductor_gap import call_cost_rows, compile_with_masks_recomputed, mask_rows
 from .results import Row, ratio_row
@@ -232,6 +233,7 @@ def run(config: Config) -> list[Row]:
             if device.type == "cpu":
                 rows.extend(mask_rows())
                 rows.extend(call_cost_rows(rounds // 2))
+                rows.extend(accelerator_step.rows(rounds, block=max(10, steps // 3)))
             torch_userstreams.install()
             rows.extend(compile_rows(device, config.compile_repeats))
     if not was_installed:

@@ -40,13 +40,20 @@ class SideStreamBlock(nn.Module):
             return torch.Stream(device=self.device)
         return torch.accelerator.current_stream(self.device)
 
+    def objects(self) -> tuple[torch.Stream, torch.Stream, torch.Event, torch.Event]:
+        """The main and side streams and the fork and join events of one forward: made in
+        it, which is the case the package is for."""
+        return (
+            self._main_stream(),
+            torch.Stream(device=self.device),
+            torch.Event(device=self.device),
+            torch.Event(device=self.device),
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.streams:
             return x + torch.relu(self.main(x)) + torch.tanh(self.side(x))
-        main = self._main_stream()
-        side = torch.Stream(device=self.device)
-        ready = torch.Event(device=self.device)
-        done = torch.Event(device=self.device)
+        main, side, ready, done = self.objects()
         ready.record(main)  # fork: x is ready on main
         ready.wait(side)
         with side:

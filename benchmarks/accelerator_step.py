@@ -1,0 +1,138 @@
+"""The demo's training step on the fake accelerator: what the package's accelerator path
+costs the host, measurable on any machine and any torch.
+
+On a GPU the demo's step (dim 64) is bound by host work, so the host's cost per step decides
+its speed. The fake accelerator (``testing.fake_accelerator``) makes ``userstreams`` take
+the path it takes on CUDA (streams and events say ``cuda:0``; with GPU semantics the passes
+place the syncs a GPU graph gets) while tensors stay on the CPU. Contenders, in blocks taking
+turns in one process, each compiling the model with its loss as the demo does:
+
+* ``userstreams`` on the demo model, its streams and events on the fake accelerator;
+* ``inductor`` on the same model without streams.
+
+The ratio is the median over rounds of each round's userstreams/inductor steps/s; the host
+microseconds per step beyond Inductor's are the median over rounds of the difference of the
+two per-step times. The streams and events are made once, outside ``forward``: Dynamo builds
+a ``torch.Stream(device="cuda")`` example natively, which a build without CUDA refuses.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from torch_userstreams.demo.model import (
+    Batch,
+    DemoModel,
+    ForwardAndLoss,
+    SideStreamBlock,
+    build_model,
+    make_batches,
+)
+from torch_userstreams.patch.install import session
+from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+
+from .results import Row
+from .timing import median
+
+BENCH = "demo"
+MIN_RATIO = 0.95  # userstreams steps/s over inductor's on the model without streams
+DIM, BATCH, BLOCKS, LR, SEED = 64, 64, 2, 0.01, 0
+USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
+
+
+class FakeAcceleratorBlock(SideStreamBlock):
+    """The demo's block with its side stream and events made once, on the fake accelerator."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, torch.device("cpu"))
+        self.made = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
+
+    def objects(self) -> tuple[torch.Stream, torch.Stream, torch.Event, torch.Event]:
+        side, ready, done = self.made
+        return torch.accelerator.current_stream(), side, ready, done
+
+
+def model(streams: bool) -> DemoModel:
+    """The demo model (same weights either way); with ``streams``, on the fake accelerator."""
+    built = build_model(DIM, BLOCKS, torch.device("cpu"), SEED, streams=False)
+    if streams:
+        torch.manual_seed(SEED)
+        built.blocks = torch.nn.Sequential(*(FakeAcceleratorBlock(DIM) for _ in range(BLOCKS)))
+        built.head = torch.nn.Linear(DIM, 1)
+    return built
+
+
+def trainer(backend: str, streams: bool) -> tuple[DemoModel, object]:
+    net = model(streams)
+    loss_of = torch.compile(ForwardAndLoss(net), backend=backend)
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+
+    def step(batch: Batch) -> None:
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(x, y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+
+    return net, step
+
+
+def steps_per_s(step: object, batches: list[Batch]) -> float:
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)  # type: ignore[operator]
+    return len(batches) / (time.perf_counter() - start)
+
+
+def interleaved(rounds: int, block: int) -> dict[str, list[float]]:
+    """steps/s of blocks of ``block`` steps, the contenders taking turns (order reversed
+    every round), on the fake accelerator with GPU semantics."""
+    batches = make_batches(block, BATCH, DIM, torch.device("cpu"), SEED)
+    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
+        steps = {
+            USERSTREAMS: trainer("userstreams", True)[1],
+            INDUCTOR: trainer("inductor", False)[1],
+        }
+        for step in steps.values():  # compile and warm up
+            steps_per_s(step, batches[:3])
+        samples: dict[str, list[float]] = {name: [] for name in steps}
+        names = list(steps)
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else reversed(names):
+                samples[name].append(steps_per_s(steps[name], batches))
+    return samples
+
+
+def rows(rounds: int, block: int) -> list[Row]:
+    samples = interleaved(rounds, block)
+    pairs = list(zip(samples[USERSTREAMS], samples[INDUCTOR], strict=True))
+    ratio = median([ours / theirs for ours, theirs in pairs])
+    beyond_us = median([(1 / ours - 1 / theirs) * 1e6 for ours, theirs in pairs])
+    details = {"blocks_steps_per_s": samples, "rounds": rounds, "block": block}
+    speed = Row(
+        BENCH,
+        "steps/s, fake accelerator: userstreams over inductor without streams",
+        median(samples[INDUCTOR]),
+        median(samples[USERSTREAMS]),
+        "steps/s",
+        ratio=ratio,
+        target=f">= {MIN_RATIO:g}x",
+        ok=ratio >= MIN_RATIO,
+        details=details,
+    )
+    host = Row(
+        BENCH,
+        "host us per step beyond inductor's (fake accelerator; package column)",
+        median([1e6 / theirs for _, theirs in pairs]),
+        beyond_us,
+        "us",
+    )
+    return [speed, host]
