@@ -27,3 +27,17 @@ def test_the_first_example_prints_what_its_comment_says() -> None:
     assert lines[0] == expected
     # The function's event, the side stream, the current stream, the pass's dealloc event.
     assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 4", lines[1]), done.stdout
+
+
+def test_the_check_example_finds_the_race_it_describes() -> None:
+    """The second example (``check``) runs after the first, as a reader would run them."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    code = blocks[0] + blocks[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    verdict = lines.index("False")
+    assert lines[verdict + 1].startswith("2 stream hazard(s) (1 graph(s) checked, one run"), lines
+    assert any(line.startswith("run: read-after-write: sin") for line in lines), lines

@@ -7,9 +7,12 @@ does. See README.md.
 from __future__ import annotations
 
 from .api import current_stream, lookup, new_event, new_stream
+from .check import CheckReport, check
 from .errors import (
     NotCompilingError,
     PatchPointError,
+    StreamHazardError,
+    StreamHazardWarning,
     UnsupportedPathError,
     UnsupportedTorchError,
     UserObjectError,
@@ -21,12 +24,16 @@ from .patch.install import install, installed, is_installed, uninstall
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckReport",
     "NotCompilingError",
     "PatchPointError",
+    "StreamHazardError",
+    "StreamHazardWarning",
     "UnsupportedPathError",
     "UnsupportedTorchError",
     "UserObjectError",
     "UserStreamsError",
+    "check",
     "current_stream",
     "explain",
     "install",

@@ -27,6 +27,14 @@ class UnsupportedPathError(UserStreamsError):
     """A torch.compile path that cannot honour per-call user objects."""
 
 
+class StreamHazardError(UserStreamsError):
+    """A graph compiled under ``TORCH_USERSTREAMS_CHECK`` has a cross-stream hazard."""
+
+
+class StreamHazardWarning(UserWarning):
+    """A graph compiled under ``TORCH_USERSTREAMS_CHECK=warn`` has a cross-stream hazard."""
+
+
 def compiled_autograd_hint() -> str:
     """A sentence for errors met while compiled autograd is on, or "".
 

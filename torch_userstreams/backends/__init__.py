@@ -136,13 +136,18 @@ def userstreams_aot_eager_backend(
     from .inductor_options import warn_ignored
 
     warn_ignored(mode, options)
-    if _compile_of("userstreams_aot_eager", gm) is None:
+    compile_ = _compile_of("userstreams_aot_eager", gm)
+    if compile_ is None:
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
+    from .check_on_compile import checked
     from .executor import compile_backward_with_streams, compile_with_streams
 
-    backend = aot_with_executor(compile_with_streams, compile_backward_with_streams)
+    backend = aot_with_executor(
+        checked(compile_with_streams, compile_.table, "forward"),
+        checked(compile_backward_with_streams, compile_.table, "backward"),
+    )
     return backend(gm, example_inputs)
 
 

@@ -38,6 +38,7 @@ from ..passes.devices import new_event
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from .cache_tag import tagged
+from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .regions import (
     Region,
@@ -87,6 +88,7 @@ class StreamRegionsCompiler:
                 log.debug("torch_userstreams: graph %s: %s", self.table.graph_name, note)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
+        check_graph(gm, self.table, "backward" if kwargs.get("is_backward") else "forward")
         if not has_stream_work(gm):
             self._note_reads(gm, kwargs)
             # Its forward may have had stream work, and its donations been amended.
@@ -288,7 +290,5 @@ def compile_fx_with_regions(
     inner = tagged(StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph))
     name = table.graph_name if table is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
-    with functorch_config.patch(
-        enable_autograd_cache=False, force_non_lazy_backward_lowering=True
-    ):
+    with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
         return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=config_patches)

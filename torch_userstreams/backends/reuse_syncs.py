@@ -47,6 +47,7 @@ NAME = "reuse_syncs"
 _DEALLOC_PASS = "dealloc_syncs"
 _EVENT_OPS = ("record_event", "wait_event", "sync_dealloc", "synchronize_event")
 
+
 @dataclass(frozen=True)
 class TableRequests:
     """What the compile of a graph can still add to its table, before its prologue exists:

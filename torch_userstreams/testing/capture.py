@@ -134,7 +134,8 @@ def no_compile_caches() -> Iterator[None]:
         yield
 
 
-def _run_backward(out: Any) -> None:
+def run_backward(out: Any) -> None:
+    """Backward of the sum of every output that requires grad (nothing if none does)."""
     tensors = [
         t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad
     ]
@@ -144,12 +145,17 @@ def _run_backward(out: Any) -> None:
 
 
 def capture(
-    fn: Callable[..., Any], *args: Any, backend: str = "userstreams_aot_eager", **kwargs: Any
+    fn: Callable[..., Any],
+    *args: Any,
+    backend: str = "userstreams_aot_eager",
+    reset: bool = True,
+    **kwargs: Any,
 ) -> Capture:
     """Compile and run ``fn(*args, **kwargs)`` once through the package; keep its graphs.
 
-    It calls ``torch._dynamo.reset()`` first, for the whole process, so that ``fn`` compiles
-    even if it was compiled before (``explain()`` compiles a copy and leaves others alone).
+    With ``reset`` it calls ``torch._dynamo.reset()`` first, for the whole process, so that
+    ``fn`` compiles even if it was compiled before; ``check()`` passes a fresh copy instead
+    (``explain.fresh_copy``) and leaves the rest of the process alone.
     """
     makers = {"userstreams_aot_eager": _aot_eager_backend, "userstreams": _inductor_backend}
     if backend not in makers:
@@ -157,11 +163,12 @@ def capture(
             f"torch_userstreams.testing.capture supports the backends {SUPPORTED_BACKENDS}, "
             f"not {backend!r}: it records the graphs those hand to their compilers."
         )
-    torch._dynamo.reset()  # not after: ``compiled`` stays callable without a recompile
+    if reset:  # not after: ``compiled`` stays callable without a recompile
+        torch._dynamo.reset()
     result = Capture()
     result.compiled = torch.compile(fn, backend=makers[backend](result))
     with installed(), no_compile_caches(), graph_compile.collecting_tables() as tables:
         result.result = result.compiled(*args, **kwargs)
-        _run_backward(result.result)
+        run_backward(result.result)
     result.tables = list(tables)
     return result

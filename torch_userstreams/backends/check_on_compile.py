@@ -1,0 +1,90 @@
+"""The opt-in check of every graph a package backend compiles: ``TORCH_USERSTREAMS_CHECK``.
+
+A racy function compiles and runs silently, and on CPU gives the right values. With
+``TORCH_USERSTREAMS_CHECK=1`` (or ``raise``) each forward and backward graph with stream work
+is judged by the static checker (``testing.check_stream_safety``) when it compiles, and a
+hazard raises ``StreamHazardError`` naming the graph, the ops and their lines in the user's
+code, and the fix; ``warn`` issues a ``StreamHazardWarning`` instead and compiles on. The
+variable is read when a graph compiles: the per-call path pays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx
+
+from ..compile.table import UserObjectTable
+from ..errors import StreamHazardError, StreamHazardWarning, UserStreamsError
+
+VARIABLE = "TORCH_USERSTREAMS_CHECK"
+_RAISE, _WARN, _OFF = ("1", "raise"), ("warn",), ("", "0", "off")
+
+
+def mode() -> str | None:
+    """``"raise"``, ``"warn"``, or None (off), from the environment, checked for typos."""
+    value = os.environ.get(VARIABLE, "").strip().lower()
+    if value in _OFF:
+        return None
+    if value in _RAISE:
+        return "raise"
+    if value in _WARN:
+        return "warn"
+    raise UserStreamsError(
+        f"torch_userstreams: {VARIABLE}={value!r} is not a setting; use 1 (or raise) to raise "
+        "on a stream hazard when a graph compiles, warn to warn, or 0 to check nothing."
+    )
+
+
+def check_graph(gm: torch.fx.GraphModule, table: UserObjectTable | None, phase: str) -> None:
+    """Judge ``gm`` (the ``phase`` graph of ``table``'s compile) when the check is on."""
+    setting = mode()
+    if setting is None or table is None:
+        return
+    from ..testing.capture import mark_streams
+    from ..testing.checker import check_stream_safety
+
+    mark_streams(gm, table)
+    result = check_stream_safety(gm)
+    if result:
+        return
+    lines = {node.name: _user_line(node) for node in gm.graph.nodes}
+    found = []
+    for finding in result.findings:
+        at = ", ".join(
+            f"{name} at {lines[name]}"
+            for name in dict.fromkeys((finding.first, finding.second))
+            if lines.get(name)
+        )
+        found.append(f"  {finding}" + (f"\n    at: {at}" if at else ""))
+    message = (
+        f"torch_userstreams: the {phase} graph of {table.graph_name} has "
+        f"{len(result.findings)} stream hazard(s) ({VARIABLE}={setting}):\n" + "\n".join(found)
+    )
+    if setting == "raise":
+        raise StreamHazardError(message)
+    warnings.warn(message, StreamHazardWarning, stacklevel=2)
+
+
+def _user_line(node: torch.fx.Node) -> str | None:
+    """``file:line in function`` of the user's code that made ``node``, if recorded."""
+    trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
+    frames = [line for line in trace if line.startswith('File "')]
+    if not frames:
+        return None
+    # 'File "x.py", line 12, in step' -> 'x.py:12 in step'
+    path, line, function = (part.strip() for part in frames[-1].split(",", 2))
+    return f"{path[6:-1]}:{line.removeprefix('line ')} {function}"
+
+
+def checked(compiler: Callable[..., Any], table: UserObjectTable, phase: str) -> Callable[..., Any]:
+    """``compiler`` (an AOTAutograd graph compiler), judging each graph before it compiles."""
+
+    def compile_checked(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        check_graph(gm, table, phase)
+        return compiler(gm, example_inputs, **kwargs)
+
+    return compile_checked
