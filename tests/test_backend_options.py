@@ -85,7 +85,9 @@ def test_the_debugging_backend_names_the_settings_it_ignores(kwargs: dict, named
     ("kwargs", "named"),
     [
         ({"mode": "fastest"}, "mode='fastest'"),
-        ({"options": {"max_autotunez": True}}, "max_autotunez"),
+        ({"options": {"max_autotunez": True}}, "did you mean 'max_autotune' for 'max_autotunez'?"),
+        ({"options": {"zzz_not_a_setting": 1}}, "(torch._inductor.config). Check the names"),
+        ({"options": ["max_autotune"]}, "options is a dict of Inductor config names to values"),
     ],
 )
 def test_unknown_settings_are_refused_by_name(backend: str, kwargs: dict, named: str) -> None:

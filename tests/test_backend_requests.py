@@ -248,3 +248,37 @@ def test_objects_a_backend_reads_from_its_own_code_are_made_when_it_hands_off(fn
     (table,) = tables
     assert all(e.loaded for e in table.entries if e.added_by == "backend")
     assert table.backward_bound
+
+
+@pytest.mark.parametrize("api", ["new_stream", "new_event"])
+def test_a_phase_that_is_none_names_the_valid_ones(api: str) -> None:
+    """It said ``'bwd' is not a valid Phase``, without the values that are."""
+    import torch_userstreams.api
+
+    compiles: list[Exception] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+        try:
+            getattr(torch_userstreams.api, api)("cpu", phase="bwd")
+        except ValueError as exc:
+            compiles.append(exc)
+        return gm.forward
+
+    with torch_userstreams.installed():
+        torch.compile(lambda x: x + 1, backend=backend)(torch.ones(2))
+    (error,) = compiles
+    assert str(error) == (
+        f"torch_userstreams.{api}: phase='bwd' is not a phase; use one of 'forward', "
+        "'backward' (or torch_userstreams.compile.table.Phase): the graph that reads the object."
+    )
+
+
+@pytest.mark.parametrize("index", ["side", 1.0])
+def test_a_lookup_by_name_outside_a_call_says_an_index_is_expected(index: object) -> None:
+    with pytest.raises(torch_userstreams.UserObjectError) as exc:
+        torch_userstreams.lookup(index)  # type: ignore[arg-type]
+    assert str(exc.value) == (
+        f"torch_userstreams.lookup({index!r}): lookup takes a graph's integer table index (what "
+        "new_stream(), new_event() or current_stream() returned while the graph compiled), not "
+        f"a {type(index).__name__}; a stream's name is not an index."
+    )

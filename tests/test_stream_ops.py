@@ -259,3 +259,26 @@ def test_the_keywords_rewritten_for_torch_stream_are_those_eager_parses(name: st
     except RuntimeError:  # parsed, then refused: CPU events cannot record or be waited on
         parses = True
     assert takes_by_name(stream, name, PARAMETER[name]) == parses
+
+
+def record_a_new_event(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        y = x * 2
+    side.record_event().wait()
+    return y
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+def test_a_new_event_recorded_on_a_native_cpu_stream_names_the_spelling_that_works(
+    backend: str,
+) -> None:
+    """Dynamo records a real event while tracing ``record_event()``; torch said only "cpu
+    backend doesn't support events". The simulated stream takes the same spelling."""
+    compiled = torch.compile(record_a_new_event, backend=backend)
+    with pytest.raises(Exception, match=r"stream\.record_event\(\) with no event cannot be") as exc:
+        compiled(torch.ones(2), torch.Stream(device="cpu"))
+    assert "event = torch.Event(device='cpu'); event.record(stream) instead" in str(exc.value)
+    torch._dynamo.reset()
+    got = torch.compile(record_a_new_event, backend=backend)(torch.ones(2), SimStream(device="cpu"))
+    torch.testing.assert_close(got, torch.full((2,), 2.0))

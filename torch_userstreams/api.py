@@ -61,6 +61,18 @@ def request_event(
     )
 
 
+def _phase(api: str, phase: Phase | str) -> Phase:
+    """``phase`` as a ``Phase``; a value that is none names the valid ones."""
+    try:
+        return Phase(phase)
+    except ValueError:
+        valid = ", ".join(repr(p.value) for p in Phase)
+        raise ValueError(
+            f"torch_userstreams.{api}: phase={phase!r} is not a phase; use one of {valid} "
+            "(or torch_userstreams.compile.table.Phase): the graph that reads the object."
+        ) from None
+
+
 def new_stream(
     device: DeviceLike = None,
     priority: int = 0,
@@ -70,7 +82,8 @@ def new_stream(
 ) -> int:
     """Request a stream, created fresh on each call of the graph being compiled."""
     compile_ = graph_compile.active("new_stream")
-    return request_stream(compile_, device, priority, added_by=added_by, phase=Phase(phase))
+    phase = _phase("new_stream", phase)
+    return request_stream(compile_, device, priority, added_by=added_by, phase=phase)
 
 
 def new_event(
@@ -85,7 +98,8 @@ def new_event(
     """Request an event, created fresh on each call of the graph being compiled."""
     compile_ = graph_compile.active("new_event")
     flags = {"enable_timing": enable_timing, "blocking": blocking, "interprocess": interprocess}
-    return request_event(compile_, device, flags, added_by=added_by, phase=Phase(phase))
+    phase = _phase("new_event", phase)
+    return request_event(compile_, device, flags, added_by=added_by, phase=phase)
 
 
 def current_stream(device: DeviceLike = None, *, added_by: str = BACKEND) -> int:

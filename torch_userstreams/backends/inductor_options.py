@@ -33,16 +33,37 @@ def config_patches(
             )
         patches.update(modes[mode])
     if options:
+        if not isinstance(options, dict) or not all(type(key) is str for key in options):
+            raise UnsupportedPathError(
+                f"torch_userstreams: backend {backend!r} got options={options!r}; options is "
+                "a dict of Inductor config names to values, e.g. "
+                "options={'triton.cudagraphs': False}."
+            )
         known = inductor_config.get_config_copy()
         unknown = sorted(key for key in options if key not in known)
         if unknown:
+            hint = _did_you_mean(unknown, known)
             raise UnsupportedPathError(
                 f"torch_userstreams: backend {backend!r} got options {unknown} that "
-                "Inductor's config does not have (torch._inductor.config). Check the "
+                f"Inductor's config does not have (torch._inductor.config){hint}. Check the "
                 "names, or pass them to torch.compile(backend='inductor') to compare."
             )
         patches.update(options)
     return patches or None
+
+
+def _did_you_mean(unknown: list[str], known: dict[str, Any]) -> str:
+    """``: did you mean 'a' for 'b'?`` for the unknown names with a close known one."""
+    import difflib
+
+    close = {
+        name: found[0]
+        for name in unknown
+        if (found := difflib.get_close_matches(name, known, n=1, cutoff=0.75))
+    }
+    if not close:
+        return ""
+    return ": did you mean " + ", ".join(f"{m!r} for {n!r}" for n, m in close.items()) + "?"
 
 
 def warn_ignored(mode: str | None, options: dict[str, Any] | None) -> None:

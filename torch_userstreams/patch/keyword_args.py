@@ -34,12 +34,29 @@ TpMethod = Callable[[Any, Any, Any, Any], Any]
 
 def positional(variable: Any, name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:
     """``(args, kwargs)`` of a call of ``variable.name``, its parameter passed positionally."""
+    if name == "record_event" and not args and not kwargs:
+        _refuse_a_new_cpu_event(variable.value)
     param = PARAMETER.get(name)
     if param is None or not kwargs:
         return args, kwargs
     if set(kwargs) == {param} and not args and takes_by_name(variable.value, name, param):
         return [kwargs[param]], {}
     _graph_break(variable, name, param)
+
+
+def _refuse_a_new_cpu_event(stream: Any) -> None:
+    """``stream.record_event()`` on a native CPU stream: Dynamo records a real event while
+    tracing it, which torch refuses on CPU with only "cpu backend doesn't support events"."""
+    from ..errors import UserObjectError
+
+    if type(stream) is torch.Stream and stream.device.type == "cpu":
+        raise UserObjectError(
+            "torch_userstreams: stream.record_event() with no event cannot be traced on a "
+            "native CPU torch.Stream: Dynamo records a real event while tracing, and torch "
+            "refuses CPU events (\"cpu backend doesn't support events\"). Write "
+            "event = torch.Event(device='cpu'); event.record(stream) instead, or pass "
+            "torch_userstreams.simulator.SimStream(device='cpu') as the stream."
+        )
 
 
 def takes_by_name(value: Any, name: str, param: str) -> bool:

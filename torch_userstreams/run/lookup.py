@@ -36,6 +36,12 @@ def lookup(index: int) -> Any:
         if obj is not None and index >= 0:
             return obj
         return resolve(binding, index)
+    if type(index) is not int:
+        raise UserObjectError(
+            f"torch_userstreams.lookup({index!r}): lookup takes a graph's integer table index "
+            "(what new_stream(), new_event() or current_stream() returned while the graph "
+            f"compiled), not a {type(index).__name__}; a stream's name is not an index."
+        )
     for resolver in _RESOLVERS:
         found = resolver(index)
         if found is not None:
