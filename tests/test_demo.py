@@ -143,6 +143,10 @@ def test_an_unwritable_timeline_path_is_refused_before_training(
     folder = tmp_path / "a-folder.svg"
     folder.mkdir()
     assert "is a directory; give a file path" in refusal(capsys, "--timeline", str(folder))
+    # A folder without a suffix was blamed on a missing matplotlib.
+    assert refusal(capsys, "--timeline", str(tmp_path)).endswith(
+        f"--timeline {tmp_path}: is a directory; give a file path"
+    )
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     message = refusal(capsys, "--timeline", str(blocker / "sub" / "t.svg"))

@@ -179,7 +179,8 @@ def _check_timeline(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     from .render import can_render
 
     if args.timeline is not None:
-        problem = can_render(args.timeline) or output_problem("--timeline", args.timeline)
+        # Where it can be written first: a folder is not a file of an unknown format.
+        problem = output_problem("--timeline", args.timeline) or can_render(args.timeline)
         if problem:
             parser.error(problem)
 
