@@ -15,8 +15,33 @@ import torch_userstreams
 os.environ.setdefault("TORCH_USERSTREAMS_DEBUG", "1")
 
 
+# Modules whose tests compile whole training steps, draw generated programs, run benchmarks
+# or start processes: every other test is in the quick subset (``pytest -m quick``).
+SLOW_MODULES = frozenset(
+    {
+        "test_accelerator_regions",
+        "test_benchmarks_smoke",
+        "test_caches",
+        "test_core_scenarios",
+        "test_demo",
+        "test_distributed",
+        "test_generated_programs",
+        "test_hostile_cases",
+        "test_races",
+        "test_readme",
+        "test_sanitizer_check",
+        "test_subgraphs",
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``cuda`` run on a GPU machine and are skipped, with the reason, elsewhere."""
+    """Tests outside ``SLOW_MODULES`` are marked ``quick``. Tests marked ``cuda`` run on a
+    GPU machine and are skipped, with the reason, elsewhere."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ not in SLOW_MODULES:
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
