@@ -268,17 +268,27 @@ def record_a_new_event(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
     return y
 
 
+def record_an_event(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    """The spelling the error names."""
+    with side:
+        y = x * 2
+    event = torch.Event(device="cpu")
+    event.record(side)
+    event.wait()
+    return y
+
+
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
 def test_a_new_event_recorded_on_a_native_cpu_stream_names_the_spelling_that_works(
     backend: str,
 ) -> None:
     """Dynamo records a real event while tracing ``record_event()``; torch said only "cpu
-    backend doesn't support events". The simulated stream takes the same spelling."""
+    backend doesn't support events"."""
     compiled = torch.compile(record_a_new_event, backend=backend)
     with pytest.raises(Exception, match=r"stream\.record_event\(\) with no event cannot be") as exc:
         compiled(torch.ones(2), torch.Stream(device="cpu"))
     assert "event = torch.Event(device='cpu'); event.record(stream) instead" in str(exc.value)
     torch._dynamo.reset()
-    got = torch.compile(record_a_new_event, backend=backend)(torch.ones(2), SimStream(device="cpu"))
+    got = torch.compile(record_an_event, backend=backend)(torch.ones(2), SimStream(device="cpu"))
     torch.testing.assert_close(got, torch.full((2,), 2.0))
