@@ -183,8 +183,8 @@ def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
     }
     split = inductor_regions.split
 
-    def spy(gm: torch.fx.GraphModule) -> list[Any]:
-        steps = split(gm)
+    def spy(gm: torch.fx.GraphModule, *args: Any) -> list[Any]:
+        steps = split(gm, *args)
         for step in steps:
             for node in getattr(step, "nodes", ()):
                 name = getattr(node.target, "__name__", "").split(".")[0]

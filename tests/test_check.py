@@ -150,3 +150,30 @@ def test_the_opt_in_check_passes_a_safe_graph_and_refuses_a_typo(
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="'yes' is not a setting"):
         torch.compile(joined, backend="userstreams_aot_eager")(x, *streams)
+
+
+def test_a_check_leaves_the_gradients_as_they_were() -> None:
+    """It runs the backward twice (``races=True``): the parameters' ``.grad`` must not be
+    trained by a check (helper-1's review: doubled gradients)."""
+    linear = torch.nn.Linear(4, 4)
+    before = torch.ones(4, 4)
+    grad = linear.weight.grad = before.clone()
+
+    def step(x: torch.Tensor, side: torch.Stream, ready: torch.Event) -> torch.Tensor:
+        return joined(linear(x), side, ready)
+
+    streams = SimStream(device="cpu"), SimEvent(device="cpu")
+    report = torch_userstreams.check(step, torch.randn(2, 4), *streams, races=True)
+    assert report, str(report)
+    assert linear.weight.grad is grad, "the user's own gradient tensor"
+    torch.testing.assert_close(grad, before)
+    assert linear.bias.grad is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_check_reports_under_the_opt_in_check_instead_of_failing(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_USERSTREAMS_CHECK", "1")
+    report = torch_userstreams.check(racy, torch.randn(4), SimStream(device="cpu"), backend=backend)
+    assert len(report.hazards) == 1

@@ -87,3 +87,30 @@ def test_a_failed_sync_is_diagnosed_as_its_step() -> None:
             fork_join().run([torch.ones(2)])
     finally:
         state.calls.current = None
+
+
+def keywords(a: torch.Tensor, **named: int) -> torch.Tensor:
+    return a + sum(named.values())
+
+
+def test_what_is_no_table_index_or_identifier_is_written_so_that_it_compiles() -> None:
+    """A negative index was written as the name ``o-1``, a keyword ``from=`` as such: the
+    launcher failed to compile with a SyntaxError instead of the lookup's own error
+    (helper-1's review)."""
+    program = Program(
+        3,
+        [0],
+        [
+            Step(keywords, (Ref(0),), {"from": 1, "a-b": 2, "ok": 3}, stream=-1, output=1),
+            Step(ISSUERS["record_event"], (-1, 0)),
+        ],
+        Ref(1),
+    )
+    lines = program.launcher.source.splitlines()
+    assert lines[1:3] == [
+        "    with lookup(-1):",
+        "        v1 = k0(v0, **{'from': 1}, **{'a-b': 2}, ok=3)",
+    ]
+    assert "    k1(-1, 0)" in lines  # the issuer, whose lookup says what is wrong
+    with pytest.raises(UserObjectError, match=r"lookup\(-1\)"):
+        program.run([torch.ones(1)])

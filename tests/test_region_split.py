@@ -95,10 +95,11 @@ def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
     ]
 
 
-def steps(graph: torch.fx.Graph) -> list[str]:
-    """``split``'s steps: a region as its stream and ops, a sync as its op and arguments."""
+def steps(graph: torch.fx.Graph, held: tuple[int, ...] = (7, 8)) -> list[str]:
+    """``split``'s steps (the records of events ``held`` may be held back): a region as its
+    stream and ops, a sync as its op and arguments."""
     described = []
-    for step in split(torch.fx.GraphModule(torch.nn.Module(), graph)):
+    for step in split(torch.fx.GraphModule(torch.nn.Module(), graph), lambda e: e in held):
         if isinstance(step, Region):
             described.append(f"{step.stream}: {' '.join(op(n) for n in step.nodes)}")
         else:
@@ -106,21 +107,27 @@ def steps(graph: torch.fx.Graph) -> list[str]:
     return described
 
 
-def test_a_record_is_held_until_the_wait_for_its_event() -> None:
-    """A record between two pieces of a stream's work (event 7 on stream 0) does not split
-    them into two regions: it is issued after both, and still before the wait for it. The
-    waiter then waits for more of stream 0's work than the graph said, never less."""
+def record_between_two_pieces(wait_on: int) -> torch.fx.Graph:
+    """``sin`` and ``cos`` on stream 0, event 7 recorded between them, waited for (as index
+    ``wait_on``) on stream 1 before ``neg``."""
     streams = torch.ops.streams
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     a = node(graph, ops.sin.default, (x,), SIDE)
     graph.call_function(streams.record_event.default, (7, SIDE))
     b = node(graph, ops.cos.default, (a,), SIDE)
-    graph.call_function(streams.wait_event.default, (7, 1))
+    graph.call_function(streams.wait_event.default, (wait_on, 1))
     c = node(graph, ops.neg.default, (a,), 1)
     graph.call_function(streams.record_event.default, (8, 1))  # waited for by nobody
     graph.output((b, c))
-    assert steps(graph) == [
+    return graph
+
+
+def test_a_record_is_held_until_the_next_wait() -> None:
+    """A record of a package-made event between two pieces of a stream's work does not
+    split them into two regions: it is issued after both, and still before the wait for it.
+    The waiter then waits for more of stream 0's work than the graph said, never less."""
+    assert steps(record_between_two_pieces(wait_on=7)) == [
         "0: sin cos",
         "record_event(7, 0)",
         "wait_event(7, 1)",
@@ -129,7 +136,30 @@ def test_a_record_is_held_until_the_wait_for_its_event() -> None:
     ]
 
 
-def test_a_second_record_of_an_event_issues_the_first_before_it() -> None:
+def test_a_held_record_is_issued_before_a_wait_on_any_event() -> None:
+    """Two table indices can name one event (``f(x, s, m, e, e)``): a wait for index 9 must
+    find index 7's record issued (helper-1's review: the wait ran first, a no-op)."""
+    assert steps(record_between_two_pieces(wait_on=9))[:3] == [
+        "0: sin cos",
+        "record_event(7, 0)",
+        "wait_event(9, 1)",
+    ]
+
+
+def test_a_users_event_is_recorded_where_the_user_records_it() -> None:
+    """Not held: a timing event (``start.record(); work; end.record()``) would measure
+    nothing, and a query or synchronize after the call would cover later work."""
+    assert steps(record_between_two_pieces(wait_on=7), held=()) == [
+        "0: sin",
+        "record_event(7, 0)",
+        "0: cos",
+        "wait_event(7, 1)",
+        "1: neg",
+        "record_event(8, 1)",
+    ]
+
+
+def test_a_second_record_of_an_event_is_held_after_the_first() -> None:
     streams = torch.ops.streams
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -139,4 +169,4 @@ def test_a_second_record_of_an_event_issues_the_first_before_it() -> None:
     graph.call_function(streams.record_event.default, (7, SIDE))
     c = node(graph, ops.neg.default, (b,), SIDE)
     graph.output(c)
-    assert steps(graph) == ["0: sin cos", "record_event(7, 0)", "0: neg", "record_event(7, 0)"]
+    assert steps(graph) == ["0: sin cos neg", "record_event(7, 0)", "record_event(7, 0)"]

@@ -7,7 +7,6 @@ does. See README.md.
 from __future__ import annotations
 
 from .api import current_stream, lookup, new_event, new_stream
-from .check import CheckReport, check
 from .errors import (
     NotCompilingError,
     PatchPointError,
@@ -20,6 +19,7 @@ from .errors import (
 )
 from .explain import explain
 from .patch.install import install, installed, is_installed, uninstall
+from .stream_check import CheckReport, check
 
 __version__ = "0.1.0"
 

@@ -10,9 +10,12 @@ variable is read when a graph compiles: the per-call path pays nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch.fx
@@ -24,8 +27,23 @@ VARIABLE = "TORCH_USERSTREAMS_CHECK"
 _RAISE, _WARN, _OFF = ("1", "raise"), ("warn",), ("", "0", "off")
 
 
+# Off while ``check()`` runs: it reports the hazards it finds instead of failing the compile.
+_suspended: ContextVar[bool] = ContextVar("torch_userstreams.check_suspended", default=False)
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    token = _suspended.set(True)
+    try:
+        yield
+    finally:
+        _suspended.reset(token)
+
+
 def mode() -> str | None:
     """``"raise"``, ``"warn"``, or None (off), from the environment, checked for typos."""
+    if _suspended.get():
+        return None
     value = os.environ.get(VARIABLE, "").strip().lower()
     if value in _OFF:
         return None
@@ -69,15 +87,17 @@ def check_graph(gm: torch.fx.GraphModule, table: UserObjectTable | None, phase: 
     warnings.warn(message, StreamHazardWarning, stacklevel=2)
 
 
+_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+), in (?P<function>.*)$')
+
+
 def _user_line(node: torch.fx.Node) -> str | None:
-    """``file:line in function`` of the user's code that made ``node``, if recorded."""
+    """``file:line function`` of the user's code that made ``node``, if recorded."""
     trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
-    frames = [line for line in trace if line.startswith('File "')]
+    frames = [found for line in trace if (found := _FRAME.match(line))]
     if not frames:
         return None
-    # 'File "x.py", line 12, in step' -> 'x.py:12 in step'
-    path, line, function = (part.strip() for part in frames[-1].split(",", 2))
-    return f"{path[6:-1]}:{line.removeprefix('line ')} {function}"
+    last = frames[-1]
+    return f"{last['path']}:{last['line']} in {last['function']}"
 
 
 def checked(compiler: Callable[..., Any], table: UserObjectTable, phase: str) -> Callable[..., Any]:

@@ -30,7 +30,7 @@ import torch.fx
 
 from ..compile import graph_compile
 from ..compile.prologue import referenced_indices
-from ..compile.table import UserObjectTable, all_on_cpu
+from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..passes import sync_inference_graph_in_backend
@@ -140,7 +140,7 @@ class StreamRegionsCompiler:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         steps: list[Step] = []
         with _OutputStrides(output) as strides:
-            for step in split(gm):
+            for step in split(gm, made_by_the_package(self.table)):
                 if isinstance(step, SyncCall):
                     steps.append(Step(issuer(step.op), _refs(step.args, slots)))
                     continue
@@ -188,6 +188,17 @@ class StreamRegionsCompiler:
             stream=region.stream,
             outputs=tuple(slots[node] for node in module.outputs),
         )
+
+
+def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
+    """Whether a table index names an event the package's passes made for this graph: no
+    user code records, waits, times or queries it, so ``split`` may hold its records back."""
+    requested = (
+        set()
+        if table is None
+        else {entry.index for entry in table.entries if entry.kind is EntryKind.REQUESTED}
+    )
+    return lambda index: index in requested
 
 
 def _refuse_syncs_in_subgraphs(

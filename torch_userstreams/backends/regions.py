@@ -24,7 +24,7 @@ and its passthroughs as the values they pass through.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,39 +187,43 @@ def _event_of(step: SyncCall) -> int | None:
 class _Grouping:
     """The regions of the current segment (since the last sync) as they are built.
 
-    A ``record_event`` is held back until the next sync that reads its event (a wait, a
-    dealloc wait, a synchronize, another record of it) or the end of the graph, and is no
-    boundary meanwhile: work of its stream after it may join the region before it. The
-    event then marks a later point of its stream than the graph's order says, so whoever
-    waits for it waits for that work too: ordering is only added, never removed, and the
-    record is still issued before every wait for it. A record between two pieces of a
-    stream's work (a backward's gradient ready for the join, a dealloc sync's record) no
-    longer splits that work into two compiled regions.
+    A ``record_event`` of an event only the package's passes made (``holdable``: no user
+    sees it, so no timing, query or synchronize reads it) is held back until the next sync
+    that reads any event (a wait, a dealloc wait, a synchronize; two indices may name one
+    event) or the end of the graph, and is no boundary meanwhile: work of its stream after
+    it may join the region before it. The event then marks a later point of its stream than
+    the graph's order says, so whoever waits for it waits for that work too: ordering is only
+    added, never removed, and the record is still issued before every wait. A record between
+    two pieces of a stream's work (a backward's gradient ready for the join, a dealloc
+    sync's record) no longer splits that work into two compiled regions.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, holdable: Callable[[Any], bool]) -> None:
         self.steps: list[Step] = []
         self.region_of: dict[torch.fx.Node, Region] = {}
         self.segment: list[Region] = []  # regions since the last sync, in launch order
         self.frozen = 0  # regions before this index of the segment take no more nodes
-        self.held: dict[Any, SyncCall] = {}  # event -> its record, not yet issued
+        self.holdable = holdable
+        self.held: list[SyncCall] = []  # records not yet issued, in graph order
 
     def sync(self, step: SyncCall) -> None:
         event = _event_of(step)
-        held = self.held.pop(event, None) if event is not None else None
-        if held is not None:
-            self._issue(held)
-        if op_name(step.op) == "record_event" and event is not None:
-            self.held[event] = step
+        if event is not None and op_name(step.op) == "record_event" and self.holdable(event):
+            self.held.append(step)
             return
+        if event is not None:
+            self._release()
         self._issue(step)
 
     def finish(self) -> list[Step]:
         """The steps, with every record still held issued at the end of the graph."""
-        for step in self.held.values():
-            self._issue(step)
-        self.held.clear()
+        self._release()
         return self.steps
+
+    def _release(self) -> None:
+        for held in self.held:
+            self._issue(held)
+        self.held.clear()
 
     def _issue(self, step: SyncCall) -> None:
         self.steps.append(step)
@@ -269,9 +273,13 @@ class _Grouping:
         return self.segment[latest]
 
 
-def split(gm: torch.fx.GraphModule) -> list[Step]:
-    """The graph as regions and syncs, in issue order (see the module docstring)."""
-    grouping = _Grouping()
+def split(
+    gm: torch.fx.GraphModule, holdable: Callable[[Any], bool] = lambda event: False
+) -> list[Step]:
+    """The graph as regions and syncs, in issue order (see the module docstring); the
+    records of events ``holdable`` says only the package reads are held back
+    (``_Grouping``)."""
+    grouping = _Grouping(holdable)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr") or is_passthrough(node):
             continue

@@ -23,6 +23,7 @@ from the traceback's line, so the happy path pays nothing to be diagnosed.
 from __future__ import annotations
 
 import itertools
+import keyword
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,8 +64,11 @@ class _Source:
         self.names[name] = value
         return name
 
-    def object(self, index: int) -> str:
-        """The local holding the call's user object ``index``, resolved once per call."""
+    def object(self, index: Any) -> str:
+        """The local holding the call's user object ``index``, resolved once per call; an
+        index that is no table index is looked up where it is used, which says why."""
+        if type(index) is not int or index < 0:
+            return f"lookup({index!r})"
         return self.objects.setdefault(index, f"o{index}")
 
     def emit(self, line: str, step: int, indent: int = 1) -> None:
@@ -97,7 +101,7 @@ def _sync_line(step: Step, source: _Source) -> str | None:
     if spec is None or step.kwargs:
         return None
     positions, pattern = spec
-    if any(type(step.args[i]) is not int for i in positions if i < len(step.args)):
+    if any(not _is_index(step.args[i]) for i in positions if i < len(step.args)):
         return None
     names = [
         source.object(arg) if i in positions else value(arg, source)
@@ -108,10 +112,17 @@ def _sync_line(step: Step, source: _Source) -> str | None:
     return pattern.format(*names)
 
 
+def _is_index(arg: Any) -> bool:
+    return type(arg) is int and arg >= 0
+
+
 def _call_line(step: Step, source: _Source) -> str:
     args = [value(arg, source) for arg in step.args]
-    if step.kwargs:
-        args += [f"{key}={value(arg, source)}" for key, arg in step.kwargs.items()]
+    for key, arg in (step.kwargs or {}).items():
+        named = key.isidentifier() and not keyword.iskeyword(key)
+        args.append(
+            f"{key}={value(arg, source)}" if named else f"**{{{key!r}: {value(arg, source)}}}"
+        )
     call = f"{source.constant(step.call)}({', '.join(args)})"
     if step.output is not None:
         return f"v{step.output} = {call}"

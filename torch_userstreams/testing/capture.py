@@ -149,13 +149,15 @@ def capture(
     *args: Any,
     backend: str = "userstreams_aot_eager",
     reset: bool = True,
+    backward: Callable[[Any], None] | None = None,
     **kwargs: Any,
 ) -> Capture:
     """Compile and run ``fn(*args, **kwargs)`` once through the package; keep its graphs.
 
     With ``reset`` it calls ``torch._dynamo.reset()`` first, for the whole process, so that
     ``fn`` compiles even if it was compiled before; ``check()`` passes a fresh copy instead
-    (``explain.fresh_copy``) and leaves the rest of the process alone.
+    (``explain.fresh_copy``) and leaves the rest of the process alone. ``backward`` runs the
+    backward of the result (default ``run_backward``).
     """
     makers = {"userstreams_aot_eager": _aot_eager_backend, "userstreams": _inductor_backend}
     if backend not in makers:
@@ -169,6 +171,6 @@ def capture(
     result.compiled = torch.compile(fn, backend=makers[backend](result))
     with installed(), no_compile_caches(), graph_compile.collecting_tables() as tables:
         result.result = result.compiled(*args, **kwargs)
-        run_backward(result.result)
+        (backward or run_backward)(result.result)
     result.tables = list(tables)
     return result

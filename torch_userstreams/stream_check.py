@@ -70,20 +70,31 @@ def check(
 ) -> CheckReport:
     """Compile and run ``fn(*args, **kwargs)`` with ``backend``; report every stream hazard
     of the graphs it ran (and, with ``races``, of one more run as issued). See the module
-    docstring for ``gpu_semantics``. Other compiled functions and Dynamo's caches are left
-    alone: a fresh copy of ``fn`` is compiled."""
+    docstring for ``gpu_semantics``, which ``races`` implies where no accelerator is present
+    (on the CPU alone every op runs in program order, which a race detector cannot judge).
+    The function's side effects happen (twice with ``races``: buffers such as BatchNorm's
+    statistics update), but every ``.grad`` its backward reaches is left as it was. Other
+    compiled functions and Dynamo's caches are left alone: a fresh copy of ``fn`` is
+    compiled."""
     if backend not in BACKENDS:
         raise UserStreamsError(
             f"torch_userstreams.check: backend={backend!r} is not one of the package's "
             f"backends {BACKENDS}; check() judges the graphs those run."
         )
+    import torch
+
+    if races and not torch.accelerator.is_available():
+        gpu_semantics = True  # on CPU alone the host orders every op: nothing could race
+    from .backends.check_on_compile import suspended
     from .explain import fresh_copy
     from .testing.capture import capture
     from .testing.checker import check_stream_safety
 
-    with _semantics(gpu_semantics) as convert:
+    with _semantics(gpu_semantics) as convert, suspended():
         args, kwargs = convert(args), convert(kwargs)
-        captured = capture(fresh_copy(fn), *args, backend=backend, reset=False, **kwargs)
+        captured = capture(
+            fresh_copy(fn), *args, backend=backend, reset=False, backward=_backward, **kwargs
+        )
         report = CheckReport(result=captured.result)
         report.graphs = [(label, check_stream_safety(gm)) for label, gm in captured.graphs]
         if races and captured.compiled is not None:
@@ -109,12 +120,43 @@ def _watched_run(
     compiled: Callable[..., Any], args: Any, kwargs: Any, names: dict[str, Any]
 ) -> Any:
     from .patch.install import installed
-    from .testing.capture import run_backward
     from .testing.races import detect_races
 
     with installed(), detect_races(names) as found:
-        run_backward(compiled(*args, **kwargs))
+        _backward(compiled(*args, **kwargs))
     return found
+
+
+def _backward(out: Any) -> None:
+    """The backward of ``out`` (``capture.run_backward``), leaving every ``.grad`` it reaches
+    as it was: a check must not train the user's parameters."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from .testing.capture import run_backward
+
+    todo = [t.grad_fn for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    seen: set[Any] = set()
+    leaves: list[torch.Tensor] = []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node's leaf
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        todo.extend(parent for parent, _ in node.next_functions)
+    # The engine accumulates into an existing ``.grad`` in place: keep its values too.
+    grads = [(leaf.grad, None if leaf.grad is None else leaf.grad.clone()) for leaf in leaves]
+    try:
+        run_backward(out)
+    finally:
+        with torch.no_grad():
+            for leaf, (grad, values) in zip(leaves, grads, strict=True):
+                if grad is not None and values is not None:
+                    grad.copy_(values)
+                leaf.grad = grad
 
 
 @contextlib.contextmanager
