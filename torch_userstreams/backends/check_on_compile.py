@@ -62,11 +62,13 @@ def check_graph(gm: torch.fx.GraphModule, table: UserObjectTable | None, phase: 
     setting = mode()
     if setting is None or table is None:
         return
-    from ..testing.capture import mark_streams
-    from ..testing.checker import check_stream_safety
+    # The static checker lives with the test helpers, which sit above the backends; it
+    # imports nothing of theirs (``testing.capture``, which does, is not needed here).
+    from ..testing.checker import STREAM_DEVICES_META, check_stream_safety
 
-    mark_streams(gm, table)
-    result = check_stream_safety(gm)
+    devices = {e.index: str(e.device) for e in table.entries if e.device is not None}
+    gm.meta[STREAM_DEVICES_META] = devices
+    result = check_stream_safety(gm, current_streams=table.current_streams())
     if result:
         return
     lines = {node.name: _user_line(node) for node in gm.graph.nodes}

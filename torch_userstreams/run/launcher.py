@@ -27,13 +27,11 @@ import keyword
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .issue_syncs import ISSUERS
 from .lookup import lookup
-
-if TYPE_CHECKING:
-    from .plan import Step
+from .steps import Ref, Step
 
 # How each sync issuer is written as a method call on the call's objects: the positions of
 # its object arguments, and the line (``{0}``... name those arguments, objects or values).
@@ -78,8 +76,6 @@ class _Source:
 
 def value(template: Any, source: _Source) -> str:
     """The expression that builds ``template`` (``Ref``s are locals) at run time."""
-    from .plan import Ref
-
     if type(template) is Ref:
         return f"v{template.slot}"
     if isinstance(template, tuple):

@@ -11,7 +11,7 @@ value after its last use, as eager code would.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..observe import watcher
@@ -19,27 +19,9 @@ from .backward import running_node_binding
 from .issue_syncs import diagnose
 from .launcher import failed_step, generate
 from .state import state
+from .steps import Ref, Step
 
-
-@dataclass(frozen=True)
-class Ref:
-    """Stands for the value in ``slot`` inside an argument template."""
-
-    slot: int
-
-
-@dataclass(frozen=True)
-class Step:
-    """Call ``call(*args, **kwargs)`` on ``stream`` (None: as is); store the result in
-    ``output`` (a slot), or unpack it into ``outputs``; then drop the slots in ``frees``."""
-
-    call: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] | None = None
-    stream: int | None = None
-    output: int | None = None
-    outputs: tuple[int, ...] = ()
-    frees: tuple[int, ...] = ()
+__all__ = ["Program", "Ref", "Step", "bound_to_running_node", "refs"]
 
 
 def refs(template: Any) -> Iterator[int]:
