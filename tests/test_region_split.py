@@ -136,14 +136,65 @@ def test_a_record_is_held_until_the_next_wait() -> None:
     ]
 
 
-def test_a_held_record_is_issued_before_a_wait_on_any_event() -> None:
-    """Two table indices can name one event (``f(x, s, m, e, e)``): a wait for index 9 must
-    find index 7's record issued (helper-1's review: the wait ran first, a no-op)."""
-    assert steps(record_between_two_pieces(wait_on=9))[:3] == [
+def test_a_held_record_stays_held_past_a_wait_on_another_event() -> None:
+    """Only records of package-made events are held, and each such index is an event no
+    other index names (two indices may name one event only when the user passes it twice:
+    ``f(x, s, m, e, e)``, not holdable). A wait for index 9 does not read event 7: the
+    record stays held, and stream 0's later work still joins its region."""
+    assert steps(record_between_two_pieces(wait_on=9)) == [
         "0: sin cos",
-        "record_event(7, 0)",
         "wait_event(9, 1)",
+        "1: neg",
+        "record_event(7, 0)",
+        "record_event(8, 1)",
     ]
+
+
+def test_a_wait_on_another_stream_closes_every_region() -> None:
+    """Stream 1 may be stream 0 at run time (the user passes ``torch.cuda.current_stream()``
+    as ``main``, and unannotated work runs there): ``cos`` after the wait does not join
+    ``sin``'s region, issued before the wait (the prefetch program of ``test_races`` raced
+    when it did)."""
+    streams = torch.ops.streams
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    graph.call_function(streams.wait_event.default, (7, 1))
+    b = node(graph, ops.cos.default, (a,), SIDE)
+    graph.output(b)
+    assert steps(graph, held=()) == ["0: sin", "wait_event(7, 1)", "0: cos"]
+
+
+def test_a_host_sync_closes_every_region() -> None:
+    streams = torch.ops.streams
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), SIDE)
+    graph.call_function(streams.synchronize_event.default, (7,))
+    b = node(graph, ops.cos.default, (a,), SIDE)
+    graph.output(b)
+    assert steps(graph, held=()) == ["0: sin", "synchronize_event(7,)", "0: cos"]
+
+
+def test_the_current_stream_entry_and_unannotated_work_are_one_stream() -> None:
+    """The passes read an unannotated node as running on the current stream (index 3 here):
+    a wait on index 3 closes the unannotated work's region, and work annotated with index 3
+    joins it."""
+    streams = torch.ops.streams
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = node(graph, ops.sin.default, (x,), MAIN)
+    b = node(graph, ops.cos.default, (a,), 3)
+    graph.call_function(streams.wait_event.default, (7, 3))
+    c = node(graph, ops.neg.default, (b,), MAIN)
+    graph.output(c)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    described = [
+        (step.stream, [op(n) for n in step.nodes]) if isinstance(step, Region) else "wait"
+        for step in split(gm, current=frozenset({3}))
+    ]
+    assert described == [(None, ["sin", "cos"]), "wait", (None, ["neg"])]
+    assert len(split(gm)) == 4, "without the current-stream index: sin | cos | wait | neg"
 
 
 def test_a_users_event_is_recorded_where_the_user_records_it() -> None:

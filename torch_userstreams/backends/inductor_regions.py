@@ -40,6 +40,7 @@ from ..run.plan import Program, Ref, Step
 from .cache_tag import tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
+from .redundant_syncs import without_redundant_waits
 from .regions import (
     Region,
     at_most_one_kernel,
@@ -139,8 +140,10 @@ class StreamRegionsCompiler:
         slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}
         output = next(n for n in gm.graph.nodes if n.op == "output")
         steps: list[Step] = []
+        holdable, current = made_by_the_package(self.table), the_current_stream(self.table)
+        issued = without_redundant_waits(split(gm, holdable, current), holdable, current)
         with _OutputStrides(output) as strides:
-            for step in split(gm, made_by_the_package(self.table)):
+            for step in issued:
                 if isinstance(step, SyncCall):
                     steps.append(Step(issuer(step.op), _refs(step.args, slots)))
                     continue
@@ -199,6 +202,19 @@ def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
         else {entry.index for entry in table.entries if entry.kind is EntryKind.REQUESTED}
     )
     return lambda index: index in requested
+
+
+def the_current_stream(table: UserObjectTable | None) -> frozenset[int]:
+    """The table indices that name the stream unannotated nodes run on: the current-stream
+    entries, when they are all of one device (the passes and the checker read a node with
+    no stream as running on its device's current stream). With two devices' current streams
+    an unannotated node's is not known here: none."""
+    if table is None:
+        return frozenset()
+    entries = [entry for entry in table.entries if entry.kind is EntryKind.CURRENT_STREAM]
+    if len({entry.device for entry in entries}) != 1:
+        return frozenset()
+    return frozenset(entry.index for entry in entries)
 
 
 def _refuse_syncs_in_subgraphs(

@@ -3,14 +3,15 @@
 ``split(gm)`` turns a forward or backward graph into steps, in an order the host can issue:
 
 * a ``SyncCall`` for each sync op (plain, or wrapped in ``control_deps``); syncs are
-  boundaries, nothing moves across one;
-* ``Region``s of compute nodes that share a stream (``runs_on``). Between two syncs, a node
-  joins the latest region of its stream when everything it reads is made by then; otherwise
-  it opens a new region after the others. So ``a@side, b@main, c@side`` (``c`` not reading
-  ``b``) becomes two regions, not three, and the host launches them in an order that
-  respects every data dependency. Nodes that mutate or have other side effects never move
-  earlier than what precedes them: they join only the last region, else open one; a
-  ``getitem`` stays with the node whose tuple it reads.
+  boundaries, nothing moves across one (but see the records held back, ``_Grouping``);
+* ``Region``s of compute nodes that share a stream (``runs_on``; unannotated nodes and the
+  current-stream entries are one stream). Between two syncs, a node joins the latest region
+  of its stream when everything it reads is made by then; otherwise it opens a new region
+  after the others. So ``a@side, b@main, c@side`` (``c`` not reading ``b``) becomes two
+  regions, not three, and the host launches them in an order that respects every data
+  dependency. Nodes that mutate or have other side effects never move earlier than what
+  precedes them: they join only the last step, if it is a region of theirs, else open one;
+  a ``getitem`` stays with the node whose tuple it reads.
 
 ``region_module(gm, region)`` builds the region's own graph: its inputs are the values made
 outside it, its outputs the values read outside it (a sync that only orders itself after a
@@ -185,26 +186,38 @@ def _event_of(step: SyncCall) -> int | None:
 
 
 class _Grouping:
-    """The regions of the current segment (since the last sync) as they are built.
+    """The graph's steps as they are built: regions, and the syncs between them.
+
+    A sync closes every open region: work after it in the graph is launched after it. (A
+    wait orders only its own stream, but a stream the user passes in may be the current
+    stream, or another one passed in, at run time: which regions it orders is not known.)
+    The current-stream entries (``current``) and the unannotated nodes' stream (None) are
+    one stream: the passes place their syncs on that assumption.
 
     A ``record_event`` of an event only the package's passes made (``holdable``: no user
-    sees it, so no timing, query or synchronize reads it) is held back until the next sync
-    that reads any event (a wait, a dealloc wait, a synchronize; two indices may name one
-    event) or the end of the graph, and is no boundary meanwhile: work of its stream after
-    it may join the region before it. The event then marks a later point of its stream than
-    the graph's order says, so whoever waits for it waits for that work too: ordering is only
-    added, never removed, and the record is still issued before every wait. A record between
-    two pieces of a stream's work (a backward's gradient ready for the join, a dealloc
-    sync's record) no longer splits that work into two compiled regions.
+    sees it, so no timing, query or synchronize reads it, and each index is an object of its
+    own) is held back until the next sync that reads that event (a wait, a dealloc wait,
+    another record of it) or the end of the graph, and is no boundary meanwhile: work of its
+    stream after it may join the region before it. The event then marks a later point of its
+    stream than the graph's order says, so whoever waits for it waits for that work too:
+    ordering is only added, never removed, and the record is still issued before every wait
+    for it. A record between two pieces of a stream's work (a backward's gradient ready for
+    the join, a dealloc sync's record) no longer splits that work into two compiled regions.
     """
 
-    def __init__(self, holdable: Callable[[Any], bool]) -> None:
+    def __init__(self, holdable: Callable[[Any], bool], current: frozenset[int]) -> None:
         self.steps: list[Step] = []
         self.region_of: dict[torch.fx.Node, Region] = {}
-        self.segment: list[Region] = []  # regions since the last sync, in launch order
-        self.frozen = 0  # regions before this index of the segment take no more nodes
+        self.position: dict[Region, int] = {}  # each region's index in ``steps``
+        self.open: list[Region] = []  # regions that may take more nodes, in launch order
+        self.frozen = 0  # regions before this step index take no more nodes
         self.holdable = holdable
+        self.current = current
         self.held: list[SyncCall] = []  # records not yet issued, in graph order
+
+    def stream(self, index: Any) -> Any:
+        """The stream ``index`` names, with the current stream as None."""
+        return None if index in self.current else index
 
     def sync(self, step: SyncCall) -> None:
         event = _event_of(step)
@@ -212,74 +225,87 @@ class _Grouping:
             self.held.append(step)
             return
         if event is not None:
-            self._release()
+            self._release(event)
         self._issue(step)
 
     def finish(self) -> list[Step]:
         """The steps, with every record still held issued at the end of the graph."""
-        self._release()
-        return self.steps
-
-    def _release(self) -> None:
         for held in self.held:
             self._issue(held)
         self.held.clear()
+        return self.steps
+
+    def _release(self, event: Any) -> None:
+        still_held = []
+        for held in self.held:
+            if _event_of(held) == event:
+                self._issue(held)
+            else:
+                still_held.append(held)
+        self.held = still_held
 
     def _issue(self, step: SyncCall) -> None:
         self.steps.append(step)
-        self.segment, self.frozen = [], 0
+        self.open = []
 
     def place(self, node: torch.fx.Node) -> None:
         producer = node.args[0] if node.target is operator.getitem else None
         if isinstance(producer, torch.fx.Node) and producer in self.region_of:
             self._join(self.region_of[producer], node)  # a getitem stays with its tuple
             return
-        stream = runs_on(node)
+        stream = self.stream(runs_on(node))
         target = self._last(stream) if _pinned(node) else self._latest_ready(node, stream)
         if target is None:
             target = Region(stream)
+            self.position[target] = len(self.steps)
             self.steps.append(target)
-            self.segment.append(target)
+            self.open.append(target)
         self._join(target, node)
         if _pinned(node):
-            self.frozen = len(self.segment) - 1
+            self.frozen = self.position[target]
 
     def _join(self, region: Region, node: torch.fx.Node) -> None:
         region.nodes.append(node)
         self.region_of[node] = region
 
     def _last(self, stream: int | None) -> Region | None:
-        """The segment's last region, if it runs on ``stream``: a pinned node may join it,
+        """The last step, if it is an open region on ``stream``: a pinned node may join it,
         since nothing launched after it would then run before the node. (A runtime check
         such as ``_assert_scalar`` then stays with the size it checks.) The last region is
         never frozen: a pinned node freezes only the regions before its own."""
-        if self.segment and self.segment[-1].stream == stream:
-            return self.segment[-1]
+        last = self.steps[-1] if self.steps else None
+        if isinstance(last, Region) and last in self.open and last.stream == stream:
+            return last
         return None
 
     def _latest_ready(self, node: torch.fx.Node, stream: int | None) -> Region | None:
-        """The latest region of ``stream`` in this segment that may run ``node``: every
-        value ``node`` reads is made by it or before it."""
+        """The latest open region of ``stream`` that may run ``node``: every value ``node``
+        reads is made by it or by a region launched before it."""
         candidates = [
-            i for i in range(self.frozen, len(self.segment)) if self.segment[i].stream == stream
+            region
+            for region in self.open
+            if region.stream == stream and self.position[region] >= self.frozen
         ]
         if not candidates:
             return None
-        latest = candidates[-1]
+        latest = self.position[candidates[-1]]
         for used in node.all_input_nodes:
             region = self.region_of.get(alias_of(used))
-            if region in self.segment and self.segment.index(region) > latest:
+            if region is not None and self.position[region] > latest:
                 return None
-        return self.segment[latest]
+        return candidates[-1]
 
 
 def split(
-    gm: torch.fx.GraphModule, holdable: Callable[[Any], bool] = lambda event: False
+    gm: torch.fx.GraphModule,
+    holdable: Callable[[Any], bool] = lambda event: False,
+    current: frozenset[int] = frozenset(),
 ) -> list[Step]:
     """The graph as regions and syncs, in issue order (see the module docstring); the
-    records of events ``holdable`` says only the package reads are held back
+    records of events ``holdable`` says only the package reads are held back, and the
+    stream indices in ``current`` are the current stream, the one unannotated nodes run on
     (``_Grouping``)."""
-    grouping = _Grouping(holdable)
+    grouping = _Grouping(holdable, current)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr") or is_passthrough(node):
             continue
