@@ -25,6 +25,7 @@ SLOW_MODULES = frozenset(
         "test_core_scenarios",
         "test_demo",
         "test_distributed",
+        "test_docs",
         "test_generated_programs",
         "test_hostile_cases",
         "test_races",
