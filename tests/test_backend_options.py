@@ -5,6 +5,8 @@ their name. ``userstreams_aot_eager`` checks the names and warns that it ignores
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -96,3 +98,61 @@ def test_unknown_settings_are_refused_by_name(backend: str, kwargs: dict, named:
         compiled(torch.randn(4))
     assert f"backend {backend!r} got" in str(raised.value)
     assert named in str(raised.value)
+
+
+def fake_accelerator_sin(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    side.wait_stream(torch.accelerator.current_stream())
+    with side:
+        y = x.sin() * 2
+    torch.accelerator.current_stream().wait_stream(side)
+    return y
+
+
+class Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_reduce_overhead_on_a_graph_with_streams_says_it_runs_without_cuda_graphs() -> None:
+    """It was silent (issue 40): the user asked for CUDA graphs and got none. The skip is
+    logged on Inductor's own cudagraphs log, as Inductor logs its skips."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+
+    counters.clear()
+    handler = Messages()
+    cudagraphs_log.addHandler(handler)
+    x = torch.randn(4, requires_grad=True)
+    try:
+        with fake_accelerator(), no_compile_caches():
+            compiled = torch.compile(
+                fake_accelerator_sin, backend="userstreams", mode="reduce-overhead"
+            )
+            compiled(x, FakeAcceleratorStream()).sum().backward()
+    finally:
+        cudagraphs_log.removeHandler(handler)
+    skips = [m for m in handler.messages if "torch_userstreams: graph" in m]
+    assert len(skips) == 2, skips  # the forward and the backward
+    assert skips[0].startswith("skipping cudagraphs due to torch_userstreams: graph ")
+    assert "fake_accelerator_sin" in skips[0], skips[0]
+    assert counters["inductor"]["cudagraph_skips"] >= 2
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+def test_cudagraph_or_error_turns_the_skip_into_an_error_naming_the_graph() -> None:
+    from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
+
+    compiled = torch.compile(
+        fake_accelerator_sin,
+        backend="userstreams",
+        options={"triton.cudagraphs": True, "triton.cudagraph_or_error": True},
+    )
+    with fake_accelerator(), no_compile_caches(), pytest.raises(Exception) as caught:
+        compiled(torch.randn(4), FakeAcceleratorStream())
+    assert "torch_userstreams: graph fake_accelerator_sin" in str(caught.value), caught.value

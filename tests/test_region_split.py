@@ -165,17 +165,6 @@ def test_a_wait_on_another_stream_closes_every_region() -> None:
     assert steps(graph, held=()) == ["0: sin", "wait_event(7, 1)", "0: cos"]
 
 
-def test_a_host_sync_closes_every_region() -> None:
-    streams = torch.ops.streams
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    a = node(graph, ops.sin.default, (x,), SIDE)
-    graph.call_function(streams.synchronize_event.default, (7,))
-    b = node(graph, ops.cos.default, (a,), SIDE)
-    graph.output(b)
-    assert steps(graph, held=()) == ["0: sin", "synchronize_event(7,)", "0: cos"]
-
-
 def test_the_current_stream_entry_and_unannotated_work_are_one_stream() -> None:
     """The passes read an unannotated node as running on the current stream (index 3 here):
     a wait on index 3 closes the unannotated work's region, and work annotated with index 3

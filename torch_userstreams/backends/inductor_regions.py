@@ -134,6 +134,8 @@ class StreamRegionsCompiler:
             self.table.note_run_time_reads(reads, backward=bool(kwargs.get("is_backward")))
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
+        if getattr(kwargs.get("cudagraphs"), "value", False):
+            _skip_cudagraphs(self.table)
         copy_factories_per_stream(gm)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
@@ -285,6 +287,21 @@ def _boxed_caller(compiled: Any) -> Callable[..., Any]:
         return compiled(list(args))
 
     return call
+
+
+def _skip_cudagraphs(table: UserObjectTable | None) -> None:
+    """Say, the way Inductor says its own skips (its ``cudagraphs`` log, the
+    ``cudagraph_skips`` counter, an error under ``triton.cudagraph_or_error``), that a graph
+    with streams runs without the CUDA graphs ``mode="reduce-overhead"`` asked for."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    name = table.graph_name if table is not None else "<graph>"
+    log_cudagraph_skip_and_bump_counter(
+        f"skipping cudagraphs due to torch_userstreams: graph {name} uses streams, and "
+        "backend 'userstreams' runs each stream region as a compiled call of its own, with "
+        "the syncs between them issued by the host; the graph runs without CUDA graphs. "
+        "Graphs without streams are captured as with backend='inductor'."
+    )
 
 
 def _no_cudagraphs() -> Any:
