@@ -154,17 +154,18 @@ LIVE_NOTE = (
 
 
 def summary(config: DemoConfig, eager: RunResult, compiled: Sequence[RunResult]) -> str:
-    """Everything the demo prints at the end, in reading order."""
+    """Everything the demo prints at the end, in reading order: the run's details first, the
+    verdict (parity, speed) last, where a terminal shows it."""
     package = compiled[0]
     parts = [
         header(config),
+        "",
+        tables_text(package),
         "",
         side_by_side([eager, *compiled], eager),
         LIVE_NOTE,
         "",
         *(parity_verdict(run, eager, config.parity_tolerance) for run in compiled),
         *(speed_line(run, eager) for run in compiled if run.error is None),
-        "",
-        tables_text(package),
     ]
     return "\n".join(parts)

@@ -77,7 +77,12 @@ def train(
     """SGD on ``model``'s parameters over ``batches``, with ``loss_of`` (the model and its
     loss, compiled or not), recording loss and wall time per step into ``result``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    bar = ProgressBar(result.name, len(batches), enabled=config.progress)
+    bar = ProgressBar(
+        result.name,
+        len(batches),
+        enabled=config.progress,
+        first_note="compiling" if result.compiled else "",
+    )
     try:
         for done, (x, y) in enumerate(batches, 1):
             start = time.perf_counter()
