@@ -40,7 +40,7 @@ def row(text: str, label: str) -> list[str]:
 
 def test_summary_parity_live_objects_and_tables() -> None:
     threads = torch.get_num_threads()
-    status, text = run_demo("--steps", "3")
+    status, text = run_demo("--steps", "3", "-v")
     assert status == 0, text
     parity = r"parity with eager OK .*: loss (\S+) over 3 steps, final gradients (\S+)"
     match = re.search(parity, text)
@@ -258,3 +258,14 @@ def test_the_verdict_is_what_a_terminal_shows_last() -> None:
     summary = text.split("\ndemo wall time")[0].rstrip().splitlines()
     assert summary[-2].startswith("package (userstreams): parity with eager OK"), summary[-4:]
     assert re.match(r"package \(userstreams\): [\d.]+ steps/s vs eager", summary[-1]), summary
+
+
+def test_tables_are_shown_with_verbose_only_and_quiet_prints_the_verdict() -> None:
+    status, text = run_demo("--steps", "2")
+    assert status == 0, text
+    assert "user objects of graph" not in text and "-v" in text
+    status, quiet = run_demo("--steps", "2", "--quiet")
+    assert status == 0, quiet
+    lines = quiet.strip().splitlines()
+    assert len(lines) == 2, quiet
+    assert lines[0].startswith("package (userstreams): parity with eager OK"), quiet

@@ -82,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
         "not with --compare-native or --timeline",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print each graph's user-object table and what the passes did",
+    )
+    shown.add_argument(
+        "-q", "--quiet", action="store_true", help="print the verdict only (parity, speed)"
+    )
     return parser
 
 
@@ -201,7 +211,9 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> De
         seed=args.seed,
         compare_native=args.compare_native,
         timeline=args.timeline,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
+        verbose=args.verbose,
+        quiet=args.quiet,
         threads=args.threads or None,
         distributed=args.distributed,
     )
@@ -241,6 +253,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         torch.set_num_threads(threads)
         if was_installed:
             patching.install()
-    print(f"\ndemo wall time: {time.perf_counter() - start:.1f} s", file=out)
+    if not config.quiet:
+        print(f"\ndemo wall time: {time.perf_counter() - start:.1f} s", file=out)
     eager, package = runs[0], runs[1]
     return 0 if report.parity_ok(package, eager, config.parity_tolerance) else 1

@@ -32,6 +32,8 @@ class DemoConfig:
     compare_native: bool = False
     timeline: Path | None = None
     progress: bool = True
+    verbose: bool = False  # each graph's user-object table and what the passes did
+    quiet: bool = False  # the verdict only: parity and speed
     # CPU intra-op threads while training. The model is tiny, so more threads only add
     # contention: on a busy 2-core machine a step then takes 100x longer, at random.
     threads: int | None = 1

@@ -153,19 +153,27 @@ LIVE_NOTE = (
 )
 
 
+VERBOSE_NOTE = "each graph's user objects, its prologue and what the passes did: -v"
+
+
 def summary(config: DemoConfig, eager: RunResult, compiled: Sequence[RunResult]) -> str:
     """Everything the demo prints at the end, in reading order: the run's details first, the
     verdict (parity, speed) last, where a terminal shows it."""
-    package = compiled[0]
+    verdict = [
+        *(parity_verdict(run, eager, config.parity_tolerance) for run in compiled),
+        *(speed_line(run, eager) for run in compiled if run.error is None),
+    ]
+    if config.quiet:
+        return "\n".join(verdict)
+    details = [tables_text(compiled[0]), ""] if config.verbose else []
     parts = [
         header(config),
         "",
-        tables_text(package),
-        "",
+        *details,
         side_by_side([eager, *compiled], eager),
         LIVE_NOTE,
+        *([] if config.verbose else [VERBOSE_NOTE]),
         "",
-        *(parity_verdict(run, eager, config.parity_tolerance) for run in compiled),
-        *(speed_line(run, eager) for run in compiled if run.error is None),
+        *verdict,
     ]
     return "\n".join(parts)
