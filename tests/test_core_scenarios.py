@@ -274,4 +274,4 @@ def test_strict_export_of_a_function_that_creates_an_event() -> None:
 def test_stream_free_graph_gets_no_prologue() -> None:
     report = torch_userstreams.explain(lambda x: x + 1, torch.ones(1))
     assert report.tables == []
-    assert str(report) == "no graph with user objects was compiled"
+    assert str(report) == "1 graph(s), 0 graph break(s)\nno graph with user objects was compiled"

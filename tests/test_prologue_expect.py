@@ -37,7 +37,8 @@ def normalized(text: str) -> str:
 
 def report(fn: Any, *args: Any, backend: Any = "eager") -> str:
     torch._dynamo.reset()
-    return normalized(str(torch_userstreams.explain(fn, *args, backend=backend)))
+    text = torch_userstreams.explain(fn, *args, backend=backend).text(verbose=True)
+    return normalized(text.split("\nlegend:")[0])  # the legend is the same for every report
 
 
 def uses_input_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tensor:
@@ -69,6 +70,7 @@ class TestPrologue(expecttest.TestCase):
         self.assertExpectedInline(
             report(uses_input_stream, torch.ones(1), SimStream(device="cpu")),
             """\
+1 graph(s), 0 graph break(s)
 user objects of graph uses_input_stream [n/n]: 1
   [0] input          forward  SimStream    L['s']  (added by dynamo)
 prologue:
@@ -84,6 +86,7 @@ prologue:
         self.assertExpectedInline(
             report(makes_stream, torch.ones(1)),
             """\
+1 graph(s), 0 graph break(s)
 user objects of graph makes_stream [n/n]: 1
   [0] graph-created  forward  Stream       torch.Stream(device='cpu') in the function  (added by dynamo)
 prologue:
@@ -100,6 +103,7 @@ prologue:
         self.assertExpectedInline(
             report(makes_event, torch.ones(1), SimStream(device="cpu")),
             """\
+1 graph(s), 0 graph break(s)
 user objects of graph makes_event [n/n]: 2
   [0] graph-created  forward  Event        torch.Event(device='cpu') in the function  (added by dynamo)
   [1] input          forward  SimStream    L['s']  (added by dynamo)
@@ -122,6 +126,7 @@ prologue:
         self.assertExpectedInline(
             report(lambda x: x + 1, torch.ones(1), backend=backend),
             """\
+1 graph(s), 0 graph break(s)
 user objects of graph <lambda> [n/n]: 1
   [0] current-stream forward  SimStream    current stream of cpu  (added by test backend)
 prologue:
@@ -142,6 +147,7 @@ prologue:
         self.assertExpectedInline(
             report(lambda x: x + 1, torch.ones(1), backend=backend),
             """\
+1 graph(s), 0 graph break(s)
 user objects of graph <lambda> [n/n]: 1
   [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test backend)
 prologue:

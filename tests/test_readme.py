@@ -26,7 +26,8 @@ def test_the_first_example_prints_what_its_comment_says() -> None:
     lines = done.stdout.splitlines()
     assert lines[0] == expected
     # The function's event, the side stream, the current stream, the pass's dealloc event.
-    assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 4", lines[1]), done.stdout
+    assert lines[1] == "1 graph(s), 0 graph break(s)", done.stdout
+    assert re.fullmatch(r"user objects of graph step \[\d+/0\]: 4", lines[2]), done.stdout
 
 
 def test_the_check_example_finds_the_race_it_describes() -> None:

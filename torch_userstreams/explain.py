@@ -1,31 +1,81 @@
-"""``explain()``: what user objects each graph of a function has, and its prologue."""
+"""``explain()``: how many graphs a function compiles to, where it breaks, and what user
+objects each graph has; with ``verbose``, each graph's prologue and what the passes did."""
 
 from __future__ import annotations
 
+import contextlib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .compile.table import UserObjectTable
 
+LEGEND = """\
+legend: [index] kind phase type origin (added by)
+  input           loaded from the frame each call (an argument, a global, an attribute)
+  graph-created   made by the function, a fresh object each call
+  current-stream  the device's current stream when the call starts
+  requested       made for the graph by a backend or a pass (a backward sync, a dealloc event)
+  forward/backward  which graph reads it
+  (unused: not loaded)  no compiled code reads it, so calls do not build it"""
+
 
 @dataclass
 class ExplainReport:
-    """The tables of the graphs compiled while explaining, in compile order."""
+    """What compiling the function did: ``graphs`` (Dynamo's count), ``graph_breaks`` (each
+    reason, in order), and the user-object ``tables`` of the graphs that have any."""
 
     tables: list[UserObjectTable] = field(default_factory=list)
     result: Any = None
+    graphs: int = 0
+    graph_breaks: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, *, verbose: bool = False) -> str:
+        """The report; ``verbose`` adds each graph's prologue (the instructions that build
+        its objects per call) and what the package's passes did."""
+        parts = [f"{self.graphs} graph(s), {len(self.graph_breaks)} graph break(s)"]
+        parts.extend(f"  graph break: {reason}" for reason in self.graph_breaks)
         if not self.tables:
-            return "no graph with user objects was compiled"
-        parts = []
+            parts.append("no graph with user objects was compiled")
         for table in self.tables:
-            parts.append(table.describe())
-            parts.append("prologue:")
-            parts.extend("  " + line for line in table.prologue_listing.splitlines())
+            parts.append(table.describe(pass_notes=verbose))
+            if verbose:
+                parts.append("prologue:")
+                parts.extend("  " + line for line in table.prologue_listing.splitlines())
+        if self.tables:
+            parts.append(LEGEND)
         return "\n".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (for a script, a log, a JSON file)."""
+        return {
+            "graphs": self.graphs,
+            "graph_breaks": list(self.graph_breaks),
+            "tables": [
+                {
+                    "graph": table.graph_name,
+                    "entries": [
+                        {
+                            "index": entry.index,
+                            "kind": entry.kind.value,
+                            "phase": entry.phase.value,
+                            "type": entry.example_type,
+                            "origin": entry.origin,
+                            "added_by": entry.added_by,
+                            "loaded": entry.loaded,
+                        }
+                        for entry in table.entries
+                    ],
+                    "pass_notes": list(table.pass_notes),
+                    "prologue": table.prologue_listing,
+                }
+                for table in self.tables
+            ],
+        }
 
 
 def explain(
@@ -36,15 +86,46 @@ def explain(
     A fresh copy of ``fn`` is compiled, so it compiles even if ``fn`` was compiled before,
     and the rest of the process (other compiled functions, Dynamo's caches) is left alone.
     Frames ``fn`` reaches through a graph break that are already compiled keep their code.
+    ``print(report)`` for the summary, ``report.text(verbose=True)`` for prologues and pass
+    notes, ``report.to_dict()`` for data.
     """
     import torch
+    from torch._dynamo.utils import counters
 
     from .compile.graph_compile import collecting_tables
     from .patch.install import installed
 
-    with installed(), collecting_tables() as tables:
+    graphs_before = counters["stats"]["unique_graphs"]
+    with installed(), collecting_tables() as tables, _graph_breaks() as breaks:
         result = torch.compile(fresh_copy(fn), backend=backend)(*args, **kwargs)
-    return ExplainReport(tables=list(tables), result=result)
+    graphs = counters["stats"]["unique_graphs"] - graphs_before
+    return ExplainReport(list(tables), result, graphs, breaks)
+
+
+@contextlib.contextmanager
+def _graph_breaks() -> Iterator[list[str]]:
+    """The reason of each graph break Dynamo logs on this thread meanwhile. Dynamo keeps no
+    list of them (its counters miss most kinds), so its logging method is wrapped for the
+    block's duration, the original put back after."""
+    import threading
+
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    found: list[str] = []
+    thread = threading.get_ident()
+    original = InstructionTranslatorBase.log_graph_break
+
+    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
+        if threading.get_ident() == thread and not getattr(exc, "logged", False):
+            text = " ".join(str(reason).split())
+            found.append(f"{self.f_code.co_name}, line {self.lineno}: {text}")
+        original(self, code_options, reason, exc)
+
+    InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+    try:
+        yield found
+    finally:
+        InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
 
 
 def fresh_copy(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -197,10 +197,10 @@ class UserObjectTable:
             if entry.kind is EntryKind.CURRENT_STREAM
         }
 
-    def describe(self) -> str:
+    def describe(self, *, pass_notes: bool = True) -> str:
         lines = [f"user objects of graph {self.graph_name}: {len(self.entries)}"]
         lines.extend("  " + entry.describe() for entry in self.entries)
-        if self.pass_notes:
+        if pass_notes and self.pass_notes:
             lines.append("what the passes did:")
             lines.extend("  " + note for note in self.pass_notes)
         return "\n".join(lines)

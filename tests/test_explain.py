@@ -1,0 +1,54 @@
+"""``explain()`` as ``torch._dynamo.explain`` users read it: graphs and breaks first, the
+tables with a legend, prologues and pass notes on request, the same as data."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import torch_userstreams
+from torch_userstreams.simulator import SimStream
+
+
+def broken(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
+    with side:
+        y = x * 2
+    print("a graph break")  # Dynamo cannot trace print
+    return y + 1
+
+
+def test_graphs_and_graph_breaks_come_first_with_their_reasons() -> None:
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    logging_method = InstructionTranslatorBase.log_graph_break
+    report = torch_userstreams.explain(broken, torch.ones(2), SimStream(device="cpu"))
+    lines = str(report).splitlines()
+    assert lines[0] == "2 graph(s), 1 graph break(s)", lines
+    assert lines[1].startswith("  graph break: broken, line 17: "), lines
+    assert "print" in lines[1], lines
+    assert InstructionTranslatorBase.log_graph_break is logging_method, "not restored"
+    torch.testing.assert_close(report.result, torch.ones(2) * 3)
+
+
+def test_the_prologue_and_pass_notes_are_shown_with_verbose_only() -> None:
+    def step(x: torch.Tensor, side: torch.Stream, main: torch.Stream) -> torch.Tensor:
+        with side:
+            y = x.sin()
+        main.wait_stream(side)
+        return y
+
+    streams = SimStream(device="cpu"), SimStream(device="cpu")
+    report = torch_userstreams.explain(step, torch.ones(2), *streams, backend="userstreams")
+    assert "prologue:" not in str(report) and "what the passes did:" not in str(report)
+    assert "legend:" in str(report) and "(unused: not loaded)  no compiled code" in str(report)
+    verbose = report.text(verbose=True)
+    assert "prologue:" in verbose
+
+
+def test_to_dict_is_plain_data() -> None:
+    report = torch_userstreams.explain(broken, torch.ones(2), SimStream(device="cpu"))
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["graphs"] == 2 and len(data["graph_breaks"]) == 1
+    (table,) = [t for t in data["tables"] if t["entries"]]
+    assert table["entries"][0]["kind"] == "input" and table["entries"][0]["origin"] == "L['side']"
