@@ -52,3 +52,24 @@ def test_to_dict_is_plain_data() -> None:
     assert data["graphs"] == 2 and len(data["graph_breaks"]) == 1
     (table,) = [t for t in data["tables"] if t["entries"]]
     assert table["entries"][0]["kind"] == "input" and table["entries"][0]["origin"] == "L['side']"
+
+
+def test_explains_on_several_threads_put_the_logging_method_back() -> None:
+    import threading
+
+    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+
+    logging_method = InstructionTranslatorBase.log_graph_break
+    counts: list[int] = []
+
+    def explain_one() -> None:
+        report = torch_userstreams.explain(broken, torch.ones(2), SimStream(device="cpu"))
+        counts.append(len(report.graph_breaks))
+
+    threads = [threading.Thread(target=explain_one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counts == [1, 1, 1]
+    assert InstructionTranslatorBase.log_graph_break is logging_method

@@ -4,6 +4,7 @@ objects each graph has; with ``verbose``, each graph's prologue and what the pas
 from __future__ import annotations
 
 import contextlib
+import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,36 +97,61 @@ def explain(
     from .patch.install import installed
 
     graphs_before = counters["stats"]["unique_graphs"]
-    with installed(), collecting_tables() as tables, _graph_breaks() as breaks:
+    with installed(), collecting_tables() as tables, _breaks.listening() as breaks:
         result = torch.compile(fresh_copy(fn), backend=backend)(*args, **kwargs)
     graphs = counters["stats"]["unique_graphs"] - graphs_before
     return ExplainReport(list(tables), result, graphs, breaks)
 
 
-@contextlib.contextmanager
-def _graph_breaks() -> Iterator[list[str]]:
-    """The reason of each graph break Dynamo logs on this thread meanwhile. Dynamo keeps no
-    list of them (its counters miss most kinds), so its logging method is wrapped for the
-    block's duration, the original put back after."""
-    import threading
+class _BreakListener:
+    """Dynamo keeps no list of the graph breaks of a compile (its counters miss most kinds),
+    so its logging method is wrapped while any ``explain()`` runs: installed by the first,
+    put back by the last (several threads may explain at once), each thread's breaks going
+    to that thread's list."""
 
-    from torch._dynamo.symbolic_convert import InstructionTranslatorBase
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.original: Any = None
+        self.local = threading.local()
 
-    found: list[str] = []
-    thread = threading.get_ident()
-    original = InstructionTranslatorBase.log_graph_break
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[list[str]]:
+        from torch._dynamo.symbolic_convert import InstructionTranslatorBase as Translator
 
-    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
-        if threading.get_ident() == thread and not getattr(exc, "logged", False):
-            text = " ".join(str(reason).split())
-            found.append(f"{self.f_code.co_name}, line {self.lineno}: {text}")
-        original(self, code_options, reason, exc)
+        found: list[str] = []
+        outer = getattr(self.local, "found", None)
+        self.local.found = found
+        with self.lock:
+            if self.users == 0:
+                self.original = Translator.log_graph_break
+                Translator.log_graph_break = self._wrapped(self.original)  # type: ignore[method-assign]
+            self.users += 1
+        try:
+            yield found
+        finally:
+            self.local.found = outer
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    Translator.log_graph_break = self.original  # type: ignore[method-assign]
+                    self.original = None
 
-    InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
-    try:
-        yield found
-    finally:
-        InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
+    def _wrapped(self, original: Any) -> Any:
+        local = self.local
+
+        def log_graph_break(translator: Any, code_options: Any, reason: str, exc: Any) -> None:
+            found = getattr(local, "found", None)
+            if found is not None and not getattr(exc, "logged", False):
+                text = " ".join(str(reason).split())
+                code = translator.f_code.co_name
+                found.append(f"{code}, line {translator.lineno}: {text}")
+            original(translator, code_options, reason, exc)
+
+        return log_graph_break
+
+
+_breaks = _BreakListener()
 
 
 def fresh_copy(fn: Callable[..., Any]) -> Callable[..., Any]:
