@@ -73,3 +73,29 @@ def test_explains_on_several_threads_put_the_logging_method_back() -> None:
         thread.join()
     assert counts == [1, 1, 1]
     assert InstructionTranslatorBase.log_graph_break is logging_method
+
+
+def test_each_table_reaches_the_structured_trace_tlparse_reads() -> None:
+    import logging
+
+    from torch._logging._internal import trace_log
+
+    class Artifacts(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.payloads: dict[str, str] = {}
+
+        def emit(self, record: logging.LogRecord) -> None:
+            metadata = getattr(record, "metadata", {}).get("artifact", {})
+            if isinstance(metadata, dict) and "name" in metadata:
+                self.payloads[metadata["name"]] = str(getattr(record, "payload", ""))
+
+    handler = Artifacts()
+    trace_log.addHandler(handler)
+    try:
+        torch_userstreams.explain(broken, torch.ones(2), SimStream(device="cpu"))
+    finally:
+        trace_log.removeHandler(handler)
+    payload = handler.payloads["torch_userstreams_table"]
+    assert payload.startswith("user objects of graph broken"), payload
+    assert "\nprologue:\n" in payload

@@ -161,10 +161,23 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
     code = prologue.build(output_graph, table, bound)
     table.prologue_listing = prologue.render(code)
     log.debug("%s\nprologue:\n%s", table.describe(), table.prologue_listing)
+    _trace(table)
     graph_compile.collected(table)
     if isinstance(result, tuple):
         return (code + list(result[0]), *result[1:])
     return code + list(result)
+
+
+def _trace(table: UserObjectTable) -> None:
+    """The table, what the passes did and the prologue as an artifact of ``TORCH_TRACE``'s
+    structured log, so tlparse shows them beside Dynamo's own (free without a trace)."""
+    from torch._logging import trace_structured
+
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": "torch_userstreams_table", "encoding": "string"},
+        payload_fn=lambda: f"{table.describe()}\nprologue:\n{table.prologue_listing}",
+    )
 
 
 def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
