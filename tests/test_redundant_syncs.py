@@ -126,3 +126,31 @@ def test_a_wait_stream_orders_what_follows() -> None:
         "work@2",
         "wait_stream(0, 2)",
     ]
+
+
+def test_work_on_a_current_stream_index_counts_as_the_current_streams() -> None:
+    """(helper-2's review) A region named by the current-stream index is the current stream's
+    work: a record on that index after it covers it, and the later wait stays."""
+    assert pruned(work(0), record(10, 0), wait(10, 2), work(0), record(11, 0), wait(11, 2))[
+        -2:
+    ] == ["record_event(11, 0)", "wait_event(11, 2)"]
+
+
+def test_a_graph_whose_current_stream_is_not_known_keeps_every_wait() -> None:
+    """Two devices' current streams (helper-2's review): unannotated work is on one of them,
+    which ``split`` cannot say, so a record on index 0 may not cover it; the backend then
+    leaves every sync in place."""
+    from torch_userstreams.backends.inductor_regions import the_current_stream
+    from torch_userstreams.compile.table import EntryKind, UserObjectTable
+
+    table = UserObjectTable("g")
+    for device in ("cuda:0", "cuda:1"):
+        index = table.add(
+            EntryKind.CURRENT_STREAM,
+            device,
+            lambda cg: None,
+            torch.Stream(device="cpu"),
+            added_by="test",
+        )
+        table.entries[index].device = torch.device(device)
+    assert the_current_stream(table) == frozenset()

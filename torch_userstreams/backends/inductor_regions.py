@@ -143,7 +143,11 @@ class StreamRegionsCompiler:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         steps: list[Step] = []
         holdable, current = made_by_the_package(self.table), the_current_stream(self.table)
-        issued = without_redundant_waits(split(gm, holdable, current), holdable, current)
+        steps_ = split(gm, holdable, current)
+        # Unannotated work and the current-stream entries must be known to be one stream,
+        # or a record on an entry would not cover the work before it (two devices' entries).
+        judged = bool(current) or not _has_current_stream(self.table)
+        issued = without_redundant_waits(steps_, holdable, current) if judged else steps_
         with _OutputStrides(output) as strides:
             for step in issued:
                 if isinstance(step, SyncCall):
@@ -197,13 +201,25 @@ class StreamRegionsCompiler:
 
 def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
     """Whether a table index names an event the package's passes made for this graph: no
-    user code records, waits, times or queries it, so ``split`` may hold its records back."""
+    user code records, waits, times or queries it, so ``split`` may hold its records back.
+    An event a backend asked for through the public API may be read by the backend's own
+    code (``read_by_requester``): not one of them."""
     requested = (
         set()
         if table is None
-        else {entry.index for entry in table.entries if entry.kind is EntryKind.REQUESTED}
+        else {
+            entry.index
+            for entry in table.entries
+            if entry.kind is EntryKind.REQUESTED and not entry.read_by_requester
+        }
     )
     return lambda index: index in requested
+
+
+def _has_current_stream(table: UserObjectTable | None) -> bool:
+    return table is not None and any(
+        entry.kind is EntryKind.CURRENT_STREAM for entry in table.entries
+    )
 
 
 def the_current_stream(table: UserObjectTable | None) -> frozenset[int]:

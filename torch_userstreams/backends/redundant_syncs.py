@@ -73,11 +73,14 @@ def without_redundant_waits(
     dropped: set[int] = set()
     for position, step in enumerate(steps):
         if isinstance(step, Region):
-            streams.work(step.stream)
+            streams.work(streams.key(step.stream))
             continue
         name, args = op_name(step.op), step.args
-        if name == "record_event" and _indices(args, 0, 1) and holdable(args[0]):
-            recorded[args[0]] = streams.point(streams.key(args[1]))
+        if name == "record_event" and args and holdable(args[0]):
+            if _indices(args, 0, 1):
+                recorded[args[0]] = streams.point(streams.key(args[1]))
+            else:  # recorded where this cannot say: its waits are judged by nothing here
+                recorded.pop(args[0], None)
         elif name in ("wait_event", "sync_dealloc") and _indices(args, 0, 1):
             waiter = streams.clock(streams.key(args[1]))
             mark = recorded.get(args[0])
