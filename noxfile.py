@@ -27,7 +27,7 @@ TORCH: dict[str, Mapping[str, str]] = {
 }
 TEST_COMMAND = ("python", "-m", "pytest", "-n", "2", "-q")  # the README's test command
 
-nox.options.sessions = ["tests-2.13", "lint"]
+nox.options.sessions = ["tests-2.13", "lint", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -56,3 +56,10 @@ def lint(session: nox.Session) -> None:
     session.install("torch==2.13.0", "-e", ".[dev]")
     session.run("ruff", "check", ".")
     session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The docs site, as CI builds it: every warning (a broken link, a missing page) fails."""
+    session.install("torch==2.13.0", "-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict")

@@ -49,3 +49,60 @@ def test_the_readme_names_every_public_name() -> None:
 def test_the_readme_is_a_guide_not_the_spec() -> None:
     words = len((ROOT / "README.md").read_text().split())
     assert words <= README_WORDS, f"README.md has {words} words: move rules to docs/"
+
+
+def test_the_api_reference_documents_every_public_name() -> None:
+    """docs/api.md renders each name of ``__all__`` from its docstring; a name without a
+    docstring would render as a bare signature."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    documented = set(re.findall(r"^::: torch_userstreams\.(?:\w+\.)?(\w+)$", text, re.M))
+    assert documented == set(torch_userstreams.__all__)
+    bare = [n for n in torch_userstreams.__all__ if not getattr(torch_userstreams, n).__doc__]
+    assert not bare, f"public names without a docstring: {bare}"
+
+
+# The one import that goes up a layer, named in docs/internals.md.
+UPWARD_IMPORTS = {("backends", "testing")}
+
+
+def _layer_order() -> list[str]:
+    """The layers as docs/internals.md lists them, bottom first."""
+    section = (ROOT / "docs" / "internals.md").read_text().split("## Layers")[1].split("##")[0]
+    order: list[str] = []
+    for cell in re.findall(r"^\| (`[^|]+`) \|", section, re.M):
+        order.extend(re.findall(r"`(\w+)`", cell))
+    return order
+
+
+def _imported_layers(path: Path, package: Path) -> set[str]:
+    """The package layers (top-level modules or subpackages) that ``path`` imports."""
+    import ast
+
+    parts = path.relative_to(package).with_suffix("").parts
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = list(parts[:-1])[: len(parts) - node.level] if node.level > 1 else list(
+                parts[:-1]
+            )
+            target = base + (node.module.split(".") if node.module else [])
+            names = target[:1] or [alias.name for alias in node.names]
+            found.update(names)
+    return found
+
+
+def test_each_layer_imports_only_from_the_layers_below_it() -> None:
+    order = _layer_order()
+    assert order[:3] == ["errors", "observe", "simulator"], order
+    rank = {layer: i for i, layer in enumerate(order)}
+    package = ROOT / "torch_userstreams"
+    upward = set()
+    for path in package.rglob("*.py"):
+        layer = path.relative_to(package).parts[0].removesuffix(".py")
+        if layer in ("__init__", "__main__"):
+            continue
+        assert layer in rank, f"docs/internals.md's layer table lacks {layer}"
+        for imported in _imported_layers(path, package) - {layer}:
+            if imported in rank and rank[imported] > rank[layer]:
+                upward.add((layer, imported))
+    assert upward == UPWARD_IMPORTS

@@ -325,6 +325,8 @@ def session(package: bool = True) -> Iterator[None]:
 
 
 def is_installed() -> bool:
+    """Whether the package's patches are in place now (by ``install()`` or an open
+    ``installed()`` block)."""
     return bool(_applied)
 
 
