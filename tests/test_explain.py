@@ -99,3 +99,41 @@ def test_each_table_reaches_the_structured_trace_tlparse_reads() -> None:
     payload = handler.payloads["torch_userstreams_table"]
     assert payload.startswith("user objects of graph broken"), payload
     assert "\nprologue:\n" in payload
+
+
+def test_userstreams_is_a_log_name_of_torchs_logging() -> None:
+    """``set_logs`` knows the name and sets the package's logger; plain ``set_logs()`` puts
+    the default back."""
+    import logging
+
+    assert torch._logging._internal.log_registry.is_log("userstreams")
+    logger = logging.getLogger("torch_userstreams")
+    try:
+        torch._logging.set_logs(modules={"userstreams": logging.DEBUG})
+        assert logger.getEffectiveLevel() == logging.DEBUG
+    finally:
+        torch._logging.set_logs()
+    assert logger.getEffectiveLevel() > logging.DEBUG
+
+
+def test_torch_logs_with_the_module_name_prints_each_table() -> None:
+    """What docs/troubleshooting.md tells a user to set: the table reaches stderr."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch_userstreams\n"
+        "from torch_userstreams.simulator import SimStream\n"
+        "torch_userstreams.install()\n"
+        "def f(x, s):\n"
+        "    with s:\n"
+        "        return x.sin()\n"
+        "torch.compile(f, backend='userstreams_aot_eager')(torch.ones(2), SimStream())\n"
+    )
+    env = {**os.environ, "TORCH_LOGS": "+torch_userstreams"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "prologue:" in done.stderr and "torch_userstreams" in done.stderr

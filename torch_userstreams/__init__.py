@@ -23,6 +23,20 @@ from .stream_check import CheckReport, check
 
 __version__ = "0.1.0"
 
+
+def _register_log_name() -> None:
+    """``userstreams`` as a name torch's logging knows, beside ``dynamo`` and ``inductor``:
+    ``torch._logging.set_logs(modules={"userstreams": logging.DEBUG})``. (``TORCH_LOGS`` is
+    read when torch is imported, before this runs, so there the module name is the one that
+    works: ``TORCH_LOGS=+torch_userstreams``.)"""
+    from torch._logging._internal import log_registry, register_log
+
+    if not log_registry.is_log("userstreams"):
+        register_log("userstreams", "torch_userstreams")
+
+
+_register_log_name()
+
 __all__ = [
     "CheckReport",
     "NotCompilingError",
