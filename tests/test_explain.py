@@ -75,7 +75,7 @@ def test_explains_on_several_threads_put_the_logging_method_back() -> None:
     assert InstructionTranslatorBase.log_graph_break is logging_method
 
 
-def test_each_table_reaches_the_structured_trace_tlparse_reads() -> None:
+def test_each_table_and_launcher_reach_the_structured_trace_tlparse_reads() -> None:
     import logging
 
     from torch._logging._internal import trace_log
@@ -93,12 +93,16 @@ def test_each_table_reaches_the_structured_trace_tlparse_reads() -> None:
     handler = Artifacts()
     trace_log.addHandler(handler)
     try:
-        torch_userstreams.explain(broken, torch.ones(2), SimStream(device="cpu"))
+        torch_userstreams.explain(
+            broken, torch.ones(2), SimStream(device="cpu"), backend="userstreams_aot_eager"
+        )
     finally:
         trace_log.removeHandler(handler)
     payload = handler.payloads["torch_userstreams_table"]
     assert payload.startswith("user objects of graph broken"), payload
     assert "\nprologue:\n" in payload
+    launcher = handler.payloads["torch_userstreams_launcher"]  # how the graph runs
+    assert launcher.startswith("def launch("), launcher
 
 
 def test_userstreams_is_a_log_name_of_torchs_logging() -> None:

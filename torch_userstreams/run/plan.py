@@ -48,6 +48,7 @@ class Program:
         self.output = output
         self.steps = _with_frees(steps, set(refs(output)))
         self.launcher = generate(inputs, self.steps, output)
+        _trace(self.launcher.source)
 
     def run(self, inputs: list[Any]) -> Any:
         try:
@@ -75,6 +76,18 @@ class Program:
         boxed = bound_to_running_node(run) if backward else run
         boxed._boxed_call = True  # type: ignore[attr-defined]
         return boxed
+
+
+def _trace(source: str) -> None:
+    """How the graph is launched (the generated function) as an artifact of ``TORCH_TRACE``'s
+    structured log, beside its table, so tlparse shows it (free without a trace)."""
+    from torch._logging import trace_structured
+
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": "torch_userstreams_launcher", "encoding": "string"},
+        payload_fn=lambda: source,
+    )
 
 
 def _diagnosis(program: Program, exc: Exception) -> Exception | None:
