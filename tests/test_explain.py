@@ -40,10 +40,12 @@ def test_the_prologue_and_pass_notes_are_shown_with_verbose_only() -> None:
 
     streams = SimStream(device="cpu"), SimStream(device="cpu")
     report = torch_userstreams.explain(step, torch.ones(2), *streams, backend="userstreams")
-    assert "prologue:" not in str(report) and "what the passes did:" not in str(report)
+    assert "prologue" not in str(report) and "what the passes did:" not in str(report)
     assert "legend:" in str(report) and "(unused: not loaded)  no compiled code" in str(report)
     verbose = report.text(verbose=True)
-    assert "prologue:" in verbose
+    assert "prologue, before each call:\n  __userstreams_thread.calls.pending = (" in verbose
+    assert "side,  # [0] L['side']" in verbose and "prologue bytecode:" not in verbose
+    assert "prologue bytecode:\n  LOAD_GLOBAL" in report.text(verbose=True, bytecode=True)
 
 
 def test_to_dict_is_plain_data() -> None:
@@ -141,3 +143,59 @@ def test_torch_logs_with_the_module_name_prints_each_table() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "prologue:" in done.stderr and "torch_userstreams" in done.stderr
+
+
+def test_the_prologue_reads_as_python_on_every_call_protocol() -> None:
+    """3.10 (CALL_FUNCTION, LOAD_METHOD) and 3.11+ (PUSH_NULL, PRECALL, CALL) read alike; an
+    attribute chain and a subscript keep their shape; an unloaded entry says so."""
+    from torch_userstreams.compile.prologue_text import as_python
+
+    listing = "\n".join(
+        [
+            "LOAD_GLOBAL __userstreams_graph",
+            "LOAD_FAST self",
+            "LOAD_ATTR side",
+            "LOAD_GLOBAL G",
+            "LOAD_CONST 'streams'",
+            "BINARY_SUBSCR",
+            "PUSH_NULL",
+            "LOAD_GLOBAL __userstreams_factory",
+            "PRECALL 0",
+            "CALL 0",
+            "LOAD_GLOBAL torch",
+            "LOAD_METHOD Event",
+            "CALL_FUNCTION 0",
+            "LOAD_CONST",
+            "BUILD_TUPLE 6",
+            "LOAD_GLOBAL __userstreams_thread",
+            "LOAD_ATTR calls",
+            "STORE_ATTR pending",
+        ]
+    )
+    names = ["[0] a", "[1] b", "[2] c", "[3] d", "[4] e (not loaded)"]
+    assert as_python(listing, names) == "\n".join(
+        [
+            "__userstreams_thread.calls.pending = (",
+            "    __userstreams_graph,  # the graph",
+            "    self.side,  # [0] a",
+            "    G['streams'],  # [1] b",
+            "    __userstreams_factory(),  # [2] c",
+            "    torch.Event(),  # [3] d",
+            "    None,  # [4] e (not loaded)",
+            ")",
+        ]
+    )
+
+
+def test_a_prologue_the_reading_does_not_know_shows_its_bytecode() -> None:
+    """An unknown instruction or a count that does not match the table gives None, and
+    explain falls back to the listing: never a wrong rendering."""
+    from torch_userstreams.compile.prologue_text import as_python
+
+    known = "\n".join(
+        ("LOAD_GLOBAL g", "LOAD_FAST s", "BUILD_TUPLE 2", "LOAD_GLOBAL t", "LOAD_ATTR calls")
+    )
+    known += "\nSTORE_ATTR pending"
+    assert as_python(known, ["[0] s"]) is not None
+    assert as_python(known, ["[0] s", "[1] t"]) is None
+    assert as_python(known.replace("LOAD_FAST s", "LOAD_FAST_CHECK s"), ["[0] s"]) is None

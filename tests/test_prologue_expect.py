@@ -37,7 +37,7 @@ def normalized(text: str) -> str:
 
 def report(fn: Any, *args: Any, backend: Any = "eager") -> str:
     torch._dynamo.reset()
-    text = torch_userstreams.explain(fn, *args, backend=backend).text(verbose=True)
+    text = torch_userstreams.explain(fn, *args, backend=backend).text(verbose=True, bytecode=True)
     return normalized(text.split("\nlegend:")[0])  # the legend is the same for every report
 
 
@@ -73,7 +73,12 @@ class TestPrologue(expecttest.TestCase):
 1 graph(s), 0 graph break(s)
 user objects of graph uses_input_stream [n/n]: 1
   [0] input          forward  SimStream    L['s']  (added by dynamo)
-prologue:
+prologue, before each call:
+  __userstreams_thread.calls.pending = (
+      __userstreams_graph,  # the graph
+      s,  # [0] L['s']
+  )
+prologue bytecode:
   LOAD_GLOBAL __userstreams_graph
   LOAD_FAST s
   BUILD_TUPLE 2
@@ -89,7 +94,12 @@ prologue:
 1 graph(s), 0 graph break(s)
 user objects of graph makes_stream [n/n]: 1
   [0] graph-created  forward  Stream       torch.Stream(device='cpu') in the function  (added by dynamo)
-prologue:
+prologue, before each call:
+  __userstreams_thread.calls.pending = (
+      __userstreams_graph,  # the graph
+      __userstreams_factory(),  # [0] torch.Stream(device='cpu') in the function
+  )
+prologue bytecode:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   CALL 0
@@ -107,7 +117,13 @@ prologue:
 user objects of graph makes_event [n/n]: 2
   [0] graph-created  forward  Event        torch.Event(device='cpu') in the function  (added by dynamo)
   [1] input          forward  SimStream    L['s']  (added by dynamo)
-prologue:
+prologue, before each call:
+  __userstreams_thread.calls.pending = (
+      __userstreams_graph,  # the graph
+      __userstreams_factory(),  # [0] torch.Event(device='cpu') in the function
+      s,  # [1] L['s']
+  )
+prologue bytecode:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   CALL 0
@@ -129,7 +145,12 @@ prologue:
 1 graph(s), 0 graph break(s)
 user objects of graph <lambda> [n/n]: 1
   [0] current-stream forward  SimStream    current stream of cpu  (added by test backend)
-prologue:
+prologue, before each call:
+  __userstreams_thread.calls.pending = (
+      __userstreams_graph,  # the graph
+      __userstreams_factory(),  # [0] current stream of cpu
+  )
+prologue bytecode:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   CALL 0
@@ -150,7 +171,12 @@ prologue:
 1 graph(s), 0 graph break(s)
 user objects of graph <lambda> [n/n]: 1
   [0] requested      forward  SimEvent     torch.Event(device='cpu', enable_timing=True)  (added by test backend)
-prologue:
+prologue, before each call:
+  __userstreams_thread.calls.pending = (
+      __userstreams_graph,  # the graph
+      __userstreams_factory(),  # [0] torch.Event(device='cpu', enable_timing=True)
+  )
+prologue bytecode:
   LOAD_GLOBAL __userstreams_graph
   LOAD_GLOBAL __userstreams_factory
   CALL 0

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .compile.prologue_text import as_python
 from .compile.table import UserObjectTable
 
 LEGEND = """\
@@ -35,18 +36,18 @@ class ExplainReport:
     def __str__(self) -> str:
         return self.text()
 
-    def text(self, *, verbose: bool = False) -> str:
-        """The report; ``verbose`` adds each graph's prologue (the instructions that build
-        its objects per call) and what the package's passes did."""
+    def text(self, *, verbose: bool = False, bytecode: bool = False) -> str:
+        """The report; ``verbose`` adds each graph's prologue (what builds its objects per
+        call, as Python) and what the package's passes did; ``bytecode`` the prologue's
+        instructions as well."""
         parts = [f"{self.graphs} graph(s), {len(self.graph_breaks)} graph break(s)"]
         parts.extend(f"  graph break: {reason}" for reason in self.graph_breaks)
         if not self.tables:
             parts.append("no graph with user objects was compiled")
         for table in self.tables:
             parts.append(table.describe(pass_notes=verbose))
-            if verbose:
-                parts.append("prologue:")
-                parts.extend("  " + line for line in table.prologue_listing.splitlines())
+            if verbose or bytecode:
+                parts.extend(_prologue_lines(table, bytecode=bytecode))
         if self.tables:
             parts.append(LEGEND)
         return "\n".join(parts)
@@ -73,10 +74,35 @@ class ExplainReport:
                     ],
                     "pass_notes": list(table.pass_notes),
                     "prologue": table.prologue_listing,
+                    "prologue_python": prologue_python(table),
                 }
                 for table in self.tables
             ],
         }
+
+
+def prologue_python(table: UserObjectTable) -> str | None:
+    """The prologue as the Python statement it runs (None for a graph without one, or one
+    the reading cannot render: its bytecode then stands)."""
+    if not table.prologue_listing:
+        return None
+    names = [
+        f"[{entry.index}] {entry.origin}" + ("" if entry.loaded else " (not loaded)")
+        for entry in table.entries
+    ]
+    return as_python(table.prologue_listing, names)
+
+
+def _prologue_lines(table: UserObjectTable, *, bytecode: bool) -> list[str]:
+    python = prologue_python(table)
+    lines = []
+    if python is not None:
+        lines.append("prologue, before each call:")
+        lines.extend("  " + line for line in python.splitlines())
+    if bytecode or python is None:
+        lines.append("prologue bytecode:")
+        lines.extend("  " + line for line in table.prologue_listing.splitlines())
+    return lines
 
 
 def explain(
