@@ -257,7 +257,11 @@ def test_the_verdict_is_what_a_terminal_shows_last() -> None:
     assert status == 0, text
     summary = text.split("\ndemo wall time")[0].rstrip().splitlines()
     assert summary[-2].startswith("package (userstreams): parity with eager OK"), summary[-4:]
-    assert re.match(r"package \(userstreams\): [\d.]+ steps/s vs eager", summary[-1]), summary
+    assert re.match(
+        r"package \(userstreams\): [\d.]+x eager's steps/s \(median of 7 pairs of 5-step "
+        r"blocks taking turns\); compile \(first step\) [\d.]+ s$",
+        summary[-1],
+    ), summary
 
 
 def test_tables_are_shown_with_verbose_only_and_quiet_prints_the_verdict() -> None:
@@ -269,3 +273,4 @@ def test_tables_are_shown_with_verbose_only_and_quiet_prints_the_verdict() -> No
     lines = quiet.strip().splitlines()
     assert len(lines) == 2, quiet
     assert lines[0].startswith("package (userstreams): parity with eager OK"), quiet
+

@@ -18,6 +18,7 @@ from ..compile.graph_compile import collecting_tables
 from ..compile.table import UserObjectTable
 from ..patch.install import session
 from ..testing.objects import live_user_objects
+from .alternating import alternating_ratio
 from .config import DemoConfig
 from .model import Batch, ForwardAndLoss, build_model, simulated_objects
 from .progress import ProgressBar
@@ -39,6 +40,8 @@ class RunResult:
     live_after_first: int | None = None  # after step 1: compiled, one call's objects bound
     live_end: int = 0
     tables: list[UserObjectTable] = field(default_factory=list)
+    # Over eager, from blocks of steps taking turns (``alternating``); None when not measured.
+    speedup: float | None = None
     error: str | None = None
     error_traceback: str | None = None
 
@@ -65,6 +68,21 @@ def failure_reason(exc: BaseException) -> str:
             lines.append(line.strip())
     reason = f"{type(exc).__name__}: {' '.join(lines)}".rstrip(": ")
     return reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."
+
+
+def sgd_step(model: torch.nn.Module, loss_of: LossOf, lr: float) -> Callable[[Batch], None]:
+    """One training step as the demo times it: the loss, its backward, an SGD update,
+    and ``loss.item()`` (the device has finished when it returns)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step(batch: Batch) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(*batch)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+
+    return step
 
 
 def train(
@@ -125,6 +143,12 @@ def run_compiled(config: DemoConfig, batches: list[Batch], package: bool) -> Run
         with collecting_tables() as tables:
             try:
                 train(model, compiled, batches, config, result)
+                result.speedup = alternating_ratio(
+                    sgd_step(model, ForwardAndLoss(model), config.lr),
+                    sgd_step(model, compiled, config.lr),
+                    batches,
+                    lambda: simulated_objects(config.device),
+                )
             except Exception as exc:  # reported side by side: the point of --compare-native
                 result.error = failure_reason(exc)
                 result.error_traceback = traceback.format_exc()
