@@ -117,16 +117,13 @@ def explain(
     notes, ``report.to_dict()`` for data.
     """
     import torch
-    from torch._dynamo.utils import counters
 
     from .compile.graph_compile import collecting_tables
     from .patch.install import installed
 
-    graphs_before = counters["stats"]["unique_graphs"]
     with installed(), collecting_tables() as tables, _breaks.listening() as breaks:
         result = torch.compile(fresh_copy(fn), backend=backend)(*args, **kwargs)
-    graphs = counters["stats"]["unique_graphs"] - graphs_before
-    return ExplainReport(list(tables), result, graphs, breaks)
+    return ExplainReport(list(tables), result, tables.graphs, breaks)
 
 
 class _BreakListener:

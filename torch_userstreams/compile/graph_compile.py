@@ -350,8 +350,16 @@ def graph_name(output_graph: Any) -> str:
 # -- explain() collects the tables of the graphs compiled meanwhile ----------------------------
 
 
+class Collected(list[UserObjectTable]):
+    """The tables of the graphs compiled on one thread, and how many graphs were compiled
+    there in all (with or without user objects): Dynamo's own counters are process-wide, so
+    another thread's compiles would count too."""
+
+    graphs: int = 0
+
+
 class _Collecting(threading.local):
-    sink: list[UserObjectTable] | None = None
+    sink: Collected | None = None
 
 
 _collecting = _Collecting()
@@ -363,11 +371,17 @@ def collected(table: UserObjectTable) -> None:
         _collecting.sink.append(table)
 
 
+def graph_compiled() -> None:
+    """Dynamo compiled a graph on this thread (``explain()`` counts them, if it listens)."""
+    if _collecting.sink is not None:
+        _collecting.sink.graphs += 1
+
+
 @contextlib.contextmanager
-def collecting_tables() -> Iterator[list[UserObjectTable]]:
+def collecting_tables() -> Iterator[Collected]:
     """The tables of the graphs compiled on this thread meanwhile, in compile order."""
     previous = _collecting.sink
-    sink: list[UserObjectTable] = []
+    sink = Collected()
     _collecting.sink = sink
     try:
         yield sink

@@ -193,6 +193,7 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         check_streams(self.graph, compile_.table)
         with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)
+        graph_compile.graph_compiled()
         return finish(self, compile_, result)
 
     return compile_and_call_fx_graph
