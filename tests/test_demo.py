@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -70,16 +72,35 @@ def test_compare_native_reports_native_side_by_side() -> None:
         assert row(text, "steps completed")[2] == "2/2"
 
 
-def test_svg_timeline_of_one_step(tmp_path: Path) -> None:
-    out = tmp_path / "step.svg"
-    status, text = run_demo("--steps", "2", "--timeline", str(out))
+def test_svg_timeline_and_chrome_trace_of_one_step(tmp_path: Path) -> None:
+    """On CPU the default backend compiles each graph without its syncs: the drawing shows
+    the code's syncs hollow, draws no arrow, and its caption says that none ran."""
+    out, trace = tmp_path / "step.svg", tmp_path / "step.json"
+    status, text = run_demo("--steps", "2", "--timeline", str(out), "--trace", str(trace))
     assert status == 0, text
     svg = out.read_text()
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
-    assert "forward 0" in svg and "backward 0" in svg
-    assert "(graph-created)" in svg and "(current stream)" in svg
-    assert 'marker-end="url(#head)"' in svg  # an arrow from a record to its wait
-    assert f"timeline written to {out}" in text
+    drawn = [el.text or "" for el in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    lanes = ["model.blocks.0.main", "model.blocks.0.side", "model.blocks.1.side", "current"]
+    assert set(lanes) <= set(drawn) and "forward 0" in drawn and "backward 0" in drawn
+    assert {"addmm", "tanh", "ready", "done"} <= set(drawn)  # drawn, not only hover text
+    caption = " ".join(drawn)
+    assert "syncs: none ran. On CPU, backend 'userstreams' compiles each graph without" in caption
+    assert 'marker-end="url(#head)"' not in svg.split("</defs>")[1]  # no sync ran: no arrow
+    assert f"timeline written to {out}" in text and "0 waits issued" in text
+
+    with trace.open() as f:
+        events = json.load(f)["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert set(lanes) <= set(threads.values())
+    per_lane = {name: 0 for name in threads.values()}
+    for event in events:
+        if event["ph"] == "X":
+            per_lane[threads[event["tid"]]] += 1
+    assert all(per_lane[lane] > 0 for lane in lanes), per_lane
+    assert not [e for e in events if e["ph"] == "X" and e["cat"] in (RECORD, WAIT)]
+    assert {e["cat"] for e in events if e["ph"] == "i"} == {"not issued"}
+    assert f"trace written to {trace}" in text and "ui.perfetto.dev" in text
 
 
 def test_png_without_matplotlib_says_what_to_do(
@@ -135,6 +156,8 @@ def test_distributed_without_torchrun_or_with_single_process_options_is_refused(
     assert "--compare-native is not supported with --distributed" in message
     message = refusal(capsys, "--distributed", "--timeline", str(tmp_path / "t.svg"))
     assert "--timeline is not supported with --distributed" in message
+    message = refusal(capsys, "--distributed", "--trace", str(tmp_path / "t.json"))
+    assert "--trace is not supported with --distributed" in message
 
 
 def test_an_unwritable_timeline_path_is_refused_before_training(
@@ -154,6 +177,22 @@ def test_an_unwritable_timeline_path_is_refused_before_training(
     # A folder that does not exist yet is fine: the writer creates it.
     assert cli.output_problem("--timeline", tmp_path / "new" / "deeper" / "t.svg") is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder.svg"]  # no probe
+
+
+def test_an_unwritable_trace_path_is_refused_before_training(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert refusal(capsys, "--trace", str(tmp_path)).endswith(
+        f"--trace {tmp_path}: is a directory; give a file path"
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    message = refusal(capsys, "--trace", str(blocker / "t.json"))
+    assert message.endswith(f"--trace {blocker / 't.json'}: {blocker} is not a directory")
+    same = str(tmp_path / "step.svg")
+    message = refusal(capsys, "--timeline", same, "--trace", same)
+    assert message.endswith(f"--timeline and --trace both name {same}: give two files")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
 
 
 def test_broken_symlinks_on_the_timeline_path_are_refused(
@@ -273,4 +312,3 @@ def test_tables_are_shown_with_verbose_only_and_quiet_prints_the_verdict() -> No
     lines = quiet.strip().splitlines()
     assert len(lines) == 2, quiet
     assert lines[0].startswith("package (userstreams): parity with eager OK"), quiet
-

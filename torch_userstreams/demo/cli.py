@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw one training step per stream: .svg always works, .png needs matplotlib",
     )
     parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="OUT",
+        help="write the same step as a Chrome trace (JSON) that Perfetto and chrome://tracing "
+        "open: profiler times on CUDA, program order on CPU",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -79,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="under torchrun: train with DistributedDataParallel on every rank, compiled and "
         "eager (gloo on CPU, NCCL with one GPU per rank); rank 0 prints the summary; "
-        "not with --compare-native or --timeline",
+        "not with --compare-native, --timeline or --trace",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     shown = parser.add_mutually_exclusive_group()
@@ -174,8 +181,10 @@ def _check_distributed(args: argparse.Namespace, parser: argparse.ArgumentParser
     """--distributed needs torchrun's environment and does not draw or compare native."""
     if not args.distributed:
         return
-    for option, given in (("--compare-native", args.compare_native), ("--timeline", args.timeline)):
-        if given:
+    single = ("--compare-native", "--timeline", "--trace")
+    given = (args.compare_native, args.timeline, args.trace)
+    for option, value in zip(single, given, strict=True):
+        if value:
             parser.error(f"{option} is not supported with --distributed; drop one of the two")
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
@@ -185,7 +194,9 @@ def _check_distributed(args: argparse.Namespace, parser: argparse.ArgumentParser
         )
 
 
-def _check_timeline(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--timeline and --trace must be writable, and not one file (one would overwrite the
+    other)."""
     from .render import can_render
 
     if args.timeline is not None:
@@ -193,6 +204,12 @@ def _check_timeline(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         problem = output_problem("--timeline", args.timeline) or can_render(args.timeline)
         if problem:
             parser.error(problem)
+    if args.trace is not None:
+        problem = output_problem("--trace", args.trace)
+        if problem:
+            parser.error(problem)
+        if args.timeline is not None and args.timeline.absolute() == args.trace.absolute():
+            parser.error(f"--timeline and --trace both name {args.trace}: give two files")
 
 
 def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DemoConfig:
@@ -203,7 +220,7 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> De
         device = resolve_device(args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    _check_timeline(args, parser)
+    _check_outputs(args, parser)
     return DemoConfig(
         device=device,
         steps=args.steps,
@@ -211,6 +228,7 @@ def config_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> De
         seed=args.seed,
         compare_native=args.compare_native,
         timeline=args.timeline,
+        trace=args.trace,
         progress=not (args.no_progress or args.quiet),
         verbose=args.verbose,
         quiet=args.quiet,
@@ -227,7 +245,7 @@ def run(config: DemoConfig, out: TextIO) -> list[RunResult]:
     if config.compare_native:
         compiled.append(run_compiled(config, batches, package=False))
     print(report.summary(config, eager, compiled), file=out)
-    if config.timeline is not None:
+    if config.timeline is not None or config.trace is not None:
         from .draw import draw_step
 
         print(draw_step(config), file=out)

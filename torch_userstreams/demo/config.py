@@ -30,7 +30,8 @@ class DemoConfig:
     tolerance: float = 1e-5
     cuda_tolerance: float = 1e-4
     compare_native: bool = False
-    timeline: Path | None = None
+    timeline: Path | None = None  # a drawing of one step (SVG, or what matplotlib writes)
+    trace: Path | None = None  # the same step as a Chrome trace (JSON) for Perfetto
     progress: bool = True
     verbose: bool = False  # each graph's user-object table and what the passes did
     quiet: bool = False  # the verdict only: parity and speed

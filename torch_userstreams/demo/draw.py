@@ -1,7 +1,10 @@
-"""``--timeline``: one training step per stream, from the profiler on CUDA, else the schedule."""
+"""``--timeline`` and ``--trace``: one training step per stream, from the profiler on CUDA,
+else what the compiled graphs issue; drawn, written as a Chrome trace, or both (one step
+is profiled or captured once for both)."""
 
 from __future__ import annotations
 
+from .chrome import write_chrome_trace
 from .config import DemoConfig
 from .render import render
 from .schedule import schedule_step
@@ -19,13 +22,28 @@ def step_timeline(config: DemoConfig) -> Timeline:
     return schedule_step(config)
 
 
-def draw_step(config: DemoConfig) -> str:
-    """Draw the timeline to ``config.timeline``; return a line saying what was drawn."""
-    assert config.timeline is not None, "draw_step needs config.timeline"
-    timeline = step_timeline(config)
-    render(timeline, config.timeline)
+def _contents(timeline: Timeline) -> str:
+    left_out = timeline.left_out()
+    hollow = f", {left_out} syncs not issued (hollow)" if left_out else ""
     return (
-        f"timeline written to {config.timeline}: {timeline.title}; {len(timeline.lanes)} "
-        f"lanes, {len(timeline.boxes)} items ({timeline.count(RECORD)} records, "
-        f"{timeline.count(WAIT)} waits), {len(timeline.arrows)} arrows"
+        f"{timeline.title}; {len(timeline.lanes)} lanes, {len(timeline.boxes)} items "
+        f"({timeline.count(RECORD)} records, {timeline.count(WAIT)} waits issued{hollow}), "
+        f"{len(timeline.arrows)} arrows"
     )
+
+
+def draw_step(config: DemoConfig) -> str:
+    """Write ``config.timeline`` and/or ``config.trace``; return lines saying what was."""
+    assert config.timeline or config.trace, "draw_step needs config.timeline or config.trace"
+    timeline = step_timeline(config)
+    lines = []
+    if config.timeline is not None:
+        render(timeline, config.timeline)
+        lines.append(f"timeline written to {config.timeline}: {_contents(timeline)}")
+    if config.trace is not None:
+        write_chrome_trace(timeline, config.trace)
+        lines.append(
+            f"trace written to {config.trace} (Chrome trace: open it in https://ui.perfetto.dev "
+            f"or chrome://tracing): {_contents(timeline)}"
+        )
+    return "\n".join(lines)

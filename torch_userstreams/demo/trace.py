@@ -18,12 +18,18 @@ import torch
 from ..patch.install import installed
 from .config import DemoConfig
 from .model import ForwardAndLoss, build_model, make_batches
-from .timeline import KERNEL, RECORD, WAIT, Box, Section, Timeline
+from .timeline import KERNEL, MICROSECONDS, RECORD, WAIT, Box, Section, Timeline
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_SYNCS = {"cudaEventRecord": RECORD, "cudaStreamWaitEvent": WAIT}
 HOST_LANE = "host: CUDA event calls"
 WARM_UP_STEPS = 2
+CAPTION = [
+    "x: microseconds since the step's first GPU kernel, as torch.profiler measured them",
+    f"syncs: the host's event records and stream waits as they ran (lane '{HOST_LANE}'); "
+    "each one drawn was issued",
+    "lanes: the CUDA streams the profiler saw, by its stream id",
+]
 
 
 def timeline_from_trace(trace: dict[str, Any]) -> Timeline | None:
@@ -33,7 +39,7 @@ def timeline_from_trace(trace: dict[str, Any]) -> Timeline | None:
     if not gpu:
         return None
     origin = min(float(e["ts"]) for e in gpu)
-    timeline = Timeline(title="one training step on CUDA (profiler)", unit="microseconds")
+    timeline = Timeline("one training step on CUDA (profiler)", MICROSECONDS, caption=list(CAPTION))
     for event in sorted(gpu, key=lambda e: float(e["ts"])):
         stream = event.get("args", {}).get("stream", event.get("tid"))
         lane = timeline.lane(f"cuda stream {stream}")
