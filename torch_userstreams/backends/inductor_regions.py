@@ -135,7 +135,7 @@ class StreamRegionsCompiler:
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
-            _skip_cudagraphs(self.table)
+            _skip_cudagraphs(gm, self.table, backward=bool(kwargs.get("is_backward")))
         copy_factories_per_stream(gm)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
@@ -305,18 +305,38 @@ def _boxed_caller(compiled: Any) -> Callable[..., Any]:
     return call
 
 
-def _skip_cudagraphs(table: UserObjectTable | None) -> None:
+def _skip_cudagraphs(
+    gm: torch.fx.GraphModule, table: UserObjectTable | None, *, backward: bool
+) -> None:
     """Say, the way Inductor says its own skips (its ``cudagraphs`` log, the
     ``cudagraph_skips`` counter, an error under ``triton.cudagraph_or_error``), that a graph
-    with streams runs without the CUDA graphs ``mode="reduce-overhead"`` asked for."""
+    with streams runs without the CUDA graphs ``mode="reduce-overhead"`` asked for, and
+    whether it could be captured at all: the CUDA stream-capture rules it breaks, if any
+    (``capture_rules``), each with the stream or event, the line and the fix."""
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
+    from .capture_rules import capture_violations, describe
+
     name = table.graph_name if table is not None else "<graph>"
-    log_cudagraph_skip_and_bump_counter(
-        f"skipping cudagraphs due to torch_userstreams: graph {name} uses streams, and "
+    graph = f"graph {name} ({'backward' if backward else 'forward'})"
+    regions = (
         "backend 'userstreams' runs each stream region as a compiled call of its own, with "
-        "the syncs between them issued by the host; the graph runs without CUDA graphs. "
-        "Graphs without streams are captured as with backend='inductor'."
+        "the syncs between them issued by the host"
+    )
+    violations = capture_violations(gm, table)
+    if violations:
+        reason = (
+            f"{graph} breaks {len(violations)} CUDA stream-capture rule(s), so it could not "
+            f"be captured as written (and {regions}):\n{describe(violations)}\n"
+        )
+    else:
+        reason = (
+            f"{graph} uses streams and follows CUDA's stream-capture rules; it is skipped "
+            f"only because {regions}. "
+        )
+    log_cudagraph_skip_and_bump_counter(
+        f"skipping cudagraphs due to torch_userstreams: {reason}The graph runs without CUDA "
+        "graphs. Graphs without streams are captured as with backend='inductor'."
     )
 
 
