@@ -142,12 +142,7 @@ class StreamRegionsCompiler:
         slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}
         output = next(n for n in gm.graph.nodes if n.op == "output")
         steps: list[Step] = []
-        holdable, current = made_by_the_package(self.table), the_current_stream(self.table)
-        steps_ = split(gm, holdable, current)
-        # Unannotated work and the current-stream entries must be known to be one stream,
-        # or a record on an entry would not cover the work before it (two devices' entries).
-        judged = bool(current) or not _has_current_stream(self.table)
-        issued = without_redundant_waits(steps_, holdable, current) if judged else steps_
+        _, issued = split_and_issued(gm, self.table)
         with _OutputStrides(output) as strides:
             for step in issued:
                 if isinstance(step, SyncCall):
@@ -214,6 +209,20 @@ def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
         }
     )
     return lambda index: index in requested
+
+
+def split_and_issued(
+    gm: torch.fx.GraphModule, table: UserObjectTable | None
+) -> tuple[list[Region | SyncCall], list[Region | SyncCall]]:
+    """``gm`` as regions and syncs in issue order (``split``), and the subset of them this
+    backend issues: the same list without the waits ``without_redundant_waits`` finds
+    redundant. The demo's timeline reads it too, so it draws what runs."""
+    holdable, current = made_by_the_package(table), the_current_stream(table)
+    steps = split(gm, holdable, current)
+    # Unannotated work and the current-stream entries must be known to be one stream, or a
+    # record on an entry would not cover the work before it (two devices' entries).
+    judged = bool(current) or not _has_current_stream(table)
+    return steps, without_redundant_waits(steps, holdable, current) if judged else steps
 
 
 def _has_current_stream(table: UserObjectTable | None) -> bool:

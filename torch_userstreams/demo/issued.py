@@ -21,13 +21,8 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from ..backends.inductor_regions import (
-    _has_current_stream,  # the backend's own test for judging waits at all
-    made_by_the_package,
-    the_current_stream,
-)
-from ..backends.redundant_syncs import without_redundant_waits
-from ..backends.regions import Region, has_stream_work, split
+from ..backends.inductor_regions import split_and_issued
+from ..backends.regions import Region, has_stream_work
 from ..compile.table import UserObjectTable, all_on_cpu
 from ..fx.control_deps import SyncCall, sync_of
 from ..fx.meta import stream_of
@@ -79,10 +74,7 @@ def _graph_order(gm: torch.fx.GraphModule, *, issued: bool) -> list[Issued]:
 
 
 def _regions(gm: torch.fx.GraphModule, table: UserObjectTable | None) -> list[Issued]:
-    holdable, current = made_by_the_package(table), the_current_stream(table)
-    steps = split(gm, holdable, current)
-    judged = bool(current) or not _has_current_stream(table)
-    runs = without_redundant_waits(steps, holdable, current) if judged else steps
+    steps, runs = split_and_issued(gm, table)
     kept = {id(step) for step in runs}
     issued: list[Issued] = []
     for step in steps:
