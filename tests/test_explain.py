@@ -135,7 +135,8 @@ def test_torch_logs_with_the_module_name_prints_each_table() -> None:
         "def f(x, s):\n"
         "    with s:\n"
         "        return x.sin()\n"
-        "torch.compile(f, backend='userstreams_aot_eager')(torch.ones(2), SimStream())\n"
+        "compiled = torch.compile(f, backend='userstreams_aot_eager')\n"
+        "compiled(torch.ones(2), SimStream(device='cpu'))\n"
     )
     env = {**os.environ, "TORCH_LOGS": "+torch_userstreams"}
     done = subprocess.run(
