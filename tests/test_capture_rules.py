@@ -30,7 +30,7 @@ from torch_userstreams.testing.fake_accelerator import (
     fake_accelerator,
 )
 
-CURRENT, SIDE, OTHER, DONE, MADE = 0, 1, 2, 3, 4  # the indices of ``table()``
+CURRENT, SIDE, OTHER, DONE, MADE, PASS_MADE = 0, 1, 2, 3, 4, 5  # the indices of ``table()``
 
 
 def table() -> UserObjectTable:
@@ -46,6 +46,9 @@ def table() -> UserObjectTable:
     made.add(EntryKind.INPUT, "L['done']", emit, FakeAcceleratorEvent(), added_by="dynamo")
     made.add(
         EntryKind.GRAPH_CREATED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="dynamo"
+    )
+    made.add(
+        EntryKind.REQUESTED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="a pass"
     )
     return made
 
@@ -213,6 +216,21 @@ def test_an_event_recorded_and_waited_inside_or_made_by_the_graph_stays_inside()
     made = Graph()
     made.sync("record_event", MADE, CURRENT)  # fresh each call: nothing outside has it
     assert made.check() == []
+
+
+def test_an_event_a_pass_made_stays_inside_unless_the_backend_reads_it() -> None:
+    """A requested event is made fresh each call; one its requester reads outside the graph
+    (``read_by_requester``) is held outside, like an input."""
+    g = Graph()
+    g.sync("record_event", PASS_MADE, CURRENT)
+    assert g.check() == []
+    read = Graph()
+    read.sync("record_event", PASS_MADE, CURRENT)
+    read.graph.output((read.last,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), read.graph)
+    with_reader = table()
+    with_reader.entries[PASS_MADE].read_by_requester = True
+    assert [v.rule for v in capture_violations(gm, with_reader)] == [Rule.OUTSIDE_EVENT]
 
 
 def test_a_wait_on_an_event_the_graph_does_not_record_crosses_the_boundary() -> None:
@@ -383,6 +401,24 @@ def test_the_skip_lists_each_broken_rule_with_the_stream_line_and_fix(
     assert "test_capture_rules.py" in skip and "y = x.sin() * 2" in skip, skip
     assert "fix: make it wait for the current stream" in skip
     assert "The graph runs without CUDA graphs." in skip
+
+
+def test_a_failing_check_words_the_skip_without_failing_the_compile(
+    cudagraph_log: Messages, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check only words the skip: a bug in it (or a graph it cannot read) must leave the
+    compile as it was, with the plain skip."""
+    from torch_userstreams.backends import capture_rules
+
+    def broken(gm: Any, table: Any) -> list[Violation]:
+        raise RuntimeError("a graph the check cannot read")
+
+    monkeypatch.setattr(capture_rules, "capture_violations", broken)
+    x = torch.randn(4)
+    torch.testing.assert_close(reduce_overhead(not_forked, x, FakeAcceleratorStream()), 2 * x.sin())
+    [skip] = [m for m in cudagraph_log.messages if "torch_userstreams" in m]
+    assert "graph not_forked" in skip and "(forward) uses streams, and backend" in skip, skip
+    assert "capture rule" not in skip
 
 
 def test_cudagraph_or_error_raises_with_the_broken_rules() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import pytest
+
 
 def test_the_speed_ratio_is_the_median_of_blocks_taking_turns() -> None:
     """On a clock the steps advance, compiled steps twice as fast give 2.0, and a hiccup in
@@ -42,4 +44,9 @@ def test_the_speed_ratio_is_the_median_of_blocks_taking_turns() -> None:
     )
     assert ratio == 2.0
     assert entered[0] == 5
-    assert seen[:5] == [("eager", 0), ("eager", 1), ("compiled", 2), ("compiled", 0), ("eager", 1)]
+    # which side goes first alternates: e, e, c, c | c, c, e, e | e ...
+    order = [name for name, _ in seen]
+    assert order[:9] == ["eager"] * 2 + ["compiled"] * 4 + ["eager"] * 2 + ["eager"]
+    assert [batch for _, batch in seen[:5]] == [0, 1, 2, 0, 1]
+    with pytest.raises(ValueError, match="at least one batch"):
+        alternating_ratio(step("eager", 1.0), step("compiled", 1.0), [], eager_context)

@@ -114,12 +114,16 @@ def test_userstreams_is_a_log_name_of_torchs_logging() -> None:
 
     assert torch._logging._internal.log_registry.is_log("userstreams")
     logger = logging.getLogger("torch_userstreams")
+    # set_logs gives every registered logger torch's handler and stops its propagation:
+    # put ours back as it was, for the tests that read the package's log after this one.
+    saved = logger.level, logger.propagate, list(logger.handlers)
     try:
         torch._logging.set_logs(modules={"userstreams": logging.DEBUG})
         assert logger.getEffectiveLevel() == logging.DEBUG
-    finally:
         torch._logging.set_logs()
-    assert logger.getEffectiveLevel() > logging.DEBUG
+        assert logger.getEffectiveLevel() > logging.DEBUG
+    finally:
+        logger.level, logger.propagate, logger.handlers = saved
 
 
 def test_torch_logs_with_the_module_name_prints_each_table() -> None:
@@ -200,3 +204,25 @@ def test_a_prologue_the_reading_does_not_know_shows_its_bytecode() -> None:
     assert as_python(known, ["[0] s"]) is not None
     assert as_python(known, ["[0] s", "[1] t"]) is None
     assert as_python(known.replace("LOAD_FAST s", "LOAD_FAST_CHECK s"), ["[0] s"]) is None
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.streams = {"side": SimStream(device="cpu")}
+
+
+HOLDER = _Holder()
+
+
+def test_a_string_constant_of_the_prologue_keeps_its_quotes() -> None:
+    """(review) A stream reached through a dict key: the key is a string in the Python."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with HOLDER.streams["side"]:
+            return x * 2
+
+    text = torch_userstreams.explain(step, torch.ones(2), backend="userstreams_aot_eager").text(
+        verbose=True, bytecode=True
+    )
+    assert "LOAD_CONST 'side'" in text, text
+    assert "HOLDER.streams['side'],  # [0] G['HOLDER'].streams['side']" in text, text

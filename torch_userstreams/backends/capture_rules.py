@@ -271,13 +271,14 @@ class _Capture:
         return entry.origin
 
     def created_here(self, event: Hashable) -> bool:
-        """Whether the graph creates the event, fresh each call: nothing outside holds it."""
+        """Whether the event is made fresh each call for this graph (by the function, or by
+        a pass) and no code outside the graph holds it: nothing outside waits on it."""
         entries = self.table.entries if self.table is not None else []
-        return (
-            isinstance(event, int)
-            and 0 <= event < len(entries)
-            and entries[event].kind is EntryKind.GRAPH_CREATED
-        )
+        if not (isinstance(event, int) and 0 <= event < len(entries)):
+            return False
+        entry = entries[event]
+        package_made = entry.kind is EntryKind.REQUESTED and not entry.read_by_requester
+        return entry.kind is EntryKind.GRAPH_CREATED or package_made
 
     def line(self, node: torch.fx.Node) -> str | None:
         """The user's line that made ``node``; else the pass that added it."""

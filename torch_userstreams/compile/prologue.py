@@ -134,9 +134,12 @@ def _normalize(argval: Any, arg: Any) -> str:
 
 
 def render(instructions: list[Any]) -> str:
-    """A dis-like listing, without offsets, addresses or generated-name suffixes."""
+    """A dis-like listing, without offsets, addresses or generated-name suffixes; constants
+    as Python writes them."""
     lines = []
     for inst in instructions:
-        arg = _normalize(inst.argval, inst.arg)
+        constant = inst.opname == "LOAD_CONST" and inst.argval is not None
+        # A constant as Python writes it ('cuda', not cuda): prologue_text reads it back.
+        arg = repr(inst.argval) if constant else _normalize(inst.argval, inst.arg)
         lines.append(f"{inst.opname} {arg}".rstrip())
     return "\n".join(lines)

@@ -25,7 +25,7 @@ def _step(stack: list[str], opname: str, arg: str) -> str | None:
         return None
     if opname in _LOADS:
         stack.append(arg)
-    elif opname == "LOAD_CONST":
+    elif opname == "LOAD_CONST":  # ``render`` writes a constant's repr; None as nothing
         stack.append(arg or "None")
     elif opname in _ATTRIBUTES:
         stack.append(f"{stack.pop()}.{arg}")

@@ -43,12 +43,24 @@ def alternating_ratio(
     clock: Clock = time.perf_counter,
 ) -> float:
     """The median over ``blocks`` pairs of eager block time over compiled block time (>1:
-    compiled is faster). Each step must end with the device synchronized (``loss.item()``).
-    ``eager_context`` wraps each eager block (simulated objects for eager CPU events)."""
+    compiled is faster); which of the two goes first alternates from pair to pair. Each step
+    must end with the device synchronized (``loss.item()``). ``eager_context`` wraps each
+    eager block (simulated objects for eager CPU events)."""
+    if not batches:
+        raise ValueError("alternating_ratio needs at least one batch")
     source = _cycle(batches)
-    ratios = []
-    for _ in range(blocks):
+
+    def eager_block() -> float:
         with eager_context():
-            eager_time = _block(eager, source, steps, clock)
-        ratios.append(eager_time / _block(compiled, source, steps, clock))
+            return _block(eager, source, steps, clock)
+
+    ratios = []
+    for pair in range(blocks):
+        if pair % 2:
+            compiled_time = _block(compiled, source, steps, clock)
+            eager_time = eager_block()
+        else:
+            eager_time = eager_block()
+            compiled_time = _block(compiled, source, steps, clock)
+        ratios.append(eager_time / compiled_time)
     return statistics.median(ratios)
