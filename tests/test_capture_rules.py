@@ -21,7 +21,7 @@ import torch_userstreams
 from torch_userstreams.backends.capture_rules import Rule, Violation, capture_violations
 from torch_userstreams.compile.table import EntryKind, UserObjectTable
 from torch_userstreams.fx.meta import host_tensors_as, set_stream
-from torch_userstreams.fx.ops import native_op
+from torch_userstreams.run.own_ops import sync_op
 from torch_userstreams.testing import programs, strategies
 from torch_userstreams.testing.capture import capture, no_compile_caches
 from torch_userstreams.testing.fake_accelerator import (
@@ -75,8 +75,10 @@ class Graph:
         return node
 
     def sync(self, name: str, *args: int) -> torch.fx.Node:
-        op = native_op(name)
-        assert op is not None, f"torch {torch.__version__} has no streams::{name}"
+        try:  # the package's own op where torch lacks it (2.11's synchronize_*)
+            op = sync_op(name)
+        except KeyError:
+            pytest.skip(f"torch {torch.__version__} has no streams::{name}: no graph has it")
         return self.graph.call_function(op, args)
 
     def check(self) -> list[Violation]:
