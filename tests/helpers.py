@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -65,3 +66,14 @@ def backward_events(binding: Any) -> list[Any]:
 
     entries = graph_of(binding).table.entries
     return [objects_of(binding)[e.index] for e in entries if e.phase is Phase.BACKWARD]
+
+
+class Messages(logging.Handler):
+    """Every message a logger emits while this handler is on it (tests of what is logged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

@@ -5,10 +5,9 @@ their name. ``userstreams_aot_eager`` checks the names and warns that it ignores
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
+from helpers import Messages
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_userstreams
@@ -106,15 +105,6 @@ def fake_accelerator_sin(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
         y = x.sin() * 2
     torch.accelerator.current_stream().wait_stream(side)
     return y
-
-
-class Messages(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def test_reduce_overhead_on_a_graph_with_streams_says_it_runs_without_cuda_graphs() -> None:

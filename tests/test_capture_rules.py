@@ -7,7 +7,6 @@ compiles exactly as with Inductor."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
+from helpers import Messages
 from hypothesis import HealthCheck, given, settings
 
 import torch_userstreams
@@ -81,11 +81,12 @@ class Graph:
             pytest.skip(f"torch {torch.__version__} has no streams::{name}: no graph has it")
         return self.graph.call_function(op, args)
 
-    def check(self) -> list[Violation]:
+    def check(self, objects: UserObjectTable | None = None) -> list[Violation]:
+        """The violations, against ``objects`` (``table()`` unless given)."""
         self.graph.output((self.last,))
         gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
         with host_tensors_as(DEVICE):  # the CPU tensors count as the accelerator's
-            return capture_violations(gm, table())
+            return capture_violations(gm, objects or table())
 
 
 def rules(found: list[Violation]) -> list[tuple[Rule, str]]:
@@ -229,11 +230,9 @@ def test_an_event_a_pass_made_stays_inside_unless_the_backend_reads_it() -> None
     assert g.check() == []
     read = Graph()
     read.sync("record_event", PASS_MADE, CURRENT)
-    read.graph.output((read.last,))
-    gm = torch.fx.GraphModule(torch.nn.Module(), read.graph)
     with_reader = table()
     with_reader.entries[PASS_MADE].read_by_requester = True
-    assert [v.rule for v in capture_violations(gm, with_reader)] == [Rule.OUTSIDE_EVENT]
+    assert [v.rule for v in read.check(with_reader)] == [Rule.OUTSIDE_EVENT]
 
 
 def test_a_wait_on_an_event_the_graph_does_not_record_crosses_the_boundary() -> None:
@@ -352,15 +351,6 @@ def not_forked(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
 
 def plain(x: torch.Tensor) -> torch.Tensor:
     return x.sin() * 2
-
-
-class Messages(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ not order anything here (the host cannot block inside a graph): it is reported i
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,9 +35,8 @@ from typing import TYPE_CHECKING, Any
 import torch.fx
 
 from ..compile.table import EntryKind, UserObjectTable
-from ..fx.control_deps import is_control_deps
-from ..fx.meta import records
-from ..fx.ops import is_sync_op
+from ..fx.control_deps import sync_node
+from ..fx.meta import records, user_frame
 
 if TYPE_CHECKING:
     from ..testing.graph_view import Kernel, Sync
@@ -281,34 +279,12 @@ class _Capture:
         return entry.kind is EntryKind.GRAPH_CREATED or package_made
 
     def line(self, node: torch.fx.Node) -> str | None:
-        """The user's line that made ``node``; else the pass that added it."""
-        for candidate in (node, *self._wrapped_syncs(node)):
-            found = user_line(candidate)
-            if found:
-                return found
+        """The user's line that made ``node`` (a sync inside a ``control_deps`` keeps it);
+        else the pass that added it."""
+        for candidate in (node, sync_node(self.gm, node)):
+            frame = None if candidate is None else user_frame(candidate)
+            if frame is not None:
+                where, code = frame
+                return f"{where}: {code}" if code else where
         notes = records(node)
         return f"added by {notes[0]}" if notes else None
-
-    def _wrapped_syncs(self, node: torch.fx.Node) -> list[torch.fx.Node]:
-        """The sync op inside a ``control_deps`` (it keeps the user's stack trace)."""
-        if not is_control_deps(node):
-            return []
-        subgraph = getattr(self.gm, str(getattr(node.args[1], "target", "")), None)
-        if not isinstance(subgraph, torch.fx.GraphModule):
-            return []
-        return [n for n in subgraph.graph.nodes if n.op == "call_function" and is_sync_op(n.target)]
-
-
-_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+), in (?P<function>.*)$')
-
-
-def user_line(node: torch.fx.Node) -> str | None:
-    """``file:line in function: code`` of the innermost user frame that made ``node``."""
-    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
-    for i in reversed(range(len(lines))):
-        frame = _FRAME.match(lines[i])
-        if frame:
-            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
-            where = f"{frame['path']}:{frame['line']} in {frame['function']}"
-            return f"{where}: {code}" if code else where
-    return None

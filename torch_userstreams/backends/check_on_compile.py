@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -22,6 +21,7 @@ import torch.fx
 
 from ..compile.table import UserObjectTable
 from ..errors import StreamHazardError, StreamHazardWarning, UserStreamsError
+from ..fx.meta import user_frame
 
 VARIABLE = "TORCH_USERSTREAMS_CHECK"
 _RAISE, _WARN, _OFF = ("1", "raise"), ("warn",), ("", "0", "off")
@@ -89,17 +89,10 @@ def check_graph(gm: torch.fx.GraphModule, table: UserObjectTable | None, phase: 
     warnings.warn(message, StreamHazardWarning, stacklevel=2)
 
 
-_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+), in (?P<function>.*)$')
-
-
 def _user_line(node: torch.fx.Node) -> str | None:
     """``file:line function`` of the user's code that made ``node``, if recorded."""
-    trace = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
-    frames = [found for line in trace if (found := _FRAME.match(line))]
-    if not frames:
-        return None
-    last = frames[-1]
-    return f"{last['path']}:{last['line']} in {last['function']}"
+    frame = user_frame(node)
+    return None if frame is None else frame[0]
 
 
 def checked(compiler: Callable[..., Any], table: UserObjectTable, phase: str) -> Callable[..., Any]:

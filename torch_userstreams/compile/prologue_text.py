@@ -19,8 +19,18 @@ class _Unknown(Exception):
     """An instruction this reading does not know."""
 
 
-def _step(stack: list[str], opname: str, arg: str) -> str | None:
-    """Apply one instruction to ``stack``; return a finished statement, if it makes one."""
+Value = str | tuple[str, ...]  # an expression, or the items of a tuple the code built
+
+
+def _expression(value: Value) -> str:
+    """An operand that must be an expression: a tuple used as one is not this prologue."""
+    if isinstance(value, tuple):
+        raise _Unknown("a tuple used as an operand")
+    return value
+
+
+def _step(stack: list[Value], opname: str, arg: str) -> tuple[str, Value] | None:
+    """Apply one instruction to ``stack``; a ``STORE_ATTR`` gives (target, value) back."""
     if opname in _NO_VALUE:
         return None
     if opname in _LOADS:
@@ -28,23 +38,18 @@ def _step(stack: list[str], opname: str, arg: str) -> str | None:
     elif opname == "LOAD_CONST":  # ``render`` writes a constant's repr; None as nothing
         stack.append(arg or "None")
     elif opname in _ATTRIBUTES:
-        stack.append(f"{stack.pop()}.{arg}")
+        stack.append(f"{_expression(stack.pop())}.{arg}")
     elif opname in _CALLS:
-        count = int(arg or 0)
-        args = [stack.pop() for _ in range(count)][::-1]
-        stack.append(f"{stack.pop()}({', '.join(args)})")
+        args = [_expression(stack.pop()) for _ in range(int(arg or 0))][::-1]
+        stack.append(f"{_expression(stack.pop())}({', '.join(args)})")
     elif opname == "BINARY_SUBSCR":
-        key = stack.pop()
-        stack.append(f"{stack.pop()}[{key}]")
+        key = _expression(stack.pop())
+        stack.append(f"{_expression(stack.pop())}[{key}]")
     elif opname == "BUILD_TUPLE":
-        count = int(arg)
-        items = [stack.pop() for _ in range(count)][::-1]
-        if any("\0" in item for item in items):
-            raise _Unknown("a tuple inside the binding")
-        stack.append("\0".join(("(", *items)))  # split again by ``as_python``
+        stack.append(tuple(_expression(stack.pop()) for _ in range(int(arg)))[::-1])
     elif opname == "STORE_ATTR":
-        target = stack.pop()
-        return f"{target}.{arg} = {stack.pop()}"
+        target = _expression(stack.pop())
+        return f"{target}.{arg}", stack.pop()
     else:
         raise _Unknown(opname)
     return None
@@ -54,24 +59,22 @@ def as_python(listing: str, names: list[str]) -> str | None:
     """``listing`` (``prologue.render``'s text) as the Python statement it runs, each
     element of the binding on a line of its own with a comment from ``names`` (one per table
     entry, in index order); None where an instruction is not one this reading knows."""
-    stack: list[str] = []
-    statements: list[str] = []
+    stack: list[Value] = []
+    stores: list[tuple[str, Value]] = []
     try:
         for line in listing.splitlines():
             opname, _, arg = line.strip().partition(" ")
-            done = _step(stack, opname, arg.strip())
-            if done is not None:
-                statements.append(done)
+            store = _step(stack, opname, arg.strip())
+            if store is not None:
+                stores.append(store)
     except (_Unknown, IndexError, ValueError):
         return None
-    if stack or len(statements) != 1:
+    if stack or len(stores) != 1:
         return None
-    target, _, value = statements[0].partition(" = ")
-    if not value.startswith("(\0"):
+    target, binding = stores[0]
+    if not isinstance(binding, tuple) or len(binding) != len(names) + 1:
         return None
-    graph, *objects = value.split("\0")[1:]
-    if len(objects) != len(names):
-        return None
+    graph, *objects = binding
     lines = [f"{target} = (", f"    {graph},  # the graph"]
     lines += [f"    {obj},  # {name}" for obj, name in zip(objects, names, strict=True)]
     return "\n".join([*lines, ")"])

@@ -23,8 +23,8 @@ GRAPHS_TID = 1  # lanes are numbered from 2, in the drawing's order
 NOT_ISSUED = "not issued"
 
 
-def _metadata(timeline: Timeline, tids: dict[str, int], order: bool) -> list[dict[str, Any]]:
-    unit = "" if order else " (program order: 1 us = 1 step, not time)"
+def _metadata(timeline: Timeline, tids: dict[str, int], real: bool) -> list[dict[str, Any]]:
+    unit = "" if real else " (program order: 1 us = 1 step, not time)"
     names = [("process_name", PID, {"name": f"torch_userstreams demo: {timeline.title}{unit}"})]
     names += [("thread_name", GRAPHS_TID, {"name": "graphs"})]
     names += [("thread_name", tid, {"name": lane}) for lane, tid in tids.items()]

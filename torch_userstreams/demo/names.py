@@ -23,8 +23,8 @@ from typing import Any
 import torch.fx
 
 from ..compile.table import EntryKind, UserObjectTable
-from ..fx.control_deps import is_control_deps, sync_of
-from ..fx.ops import is_sync_op, op_name
+from ..fx.control_deps import sync_node, sync_of
+from ..fx.ops import op_name
 
 CURRENT = "current"
 _USERS = (EntryKind.GRAPH_CREATED, EntryKind.INPUT)  # what the user's code holds by name
@@ -80,10 +80,10 @@ def _unique(names: dict[int, str]) -> dict[int, str]:
 def _call_site_names(gm: torch.fx.GraphModule) -> Iterator[tuple[int, str]]:
     """(table index, name) for the operands of each sync the user's code called by name."""
     for node in gm.graph.nodes:
-        sync = sync_of(gm, node)
-        if sync is None:
+        op_node, sync = sync_node(gm, node), sync_of(gm, node)
+        if op_node is None or sync is None:
             continue
-        meta = _sync_meta(gm, node)
+        meta = op_node.meta  # the op's own: a control_deps wrapper keeps no stack trace
         call = _user_call(meta.get("stack_trace"), op_name(sync.op))
         if call is None:
             continue
@@ -92,17 +92,6 @@ def _call_site_names(gm: torch.fx.GraphModule) -> Iterator[tuple[int, str]]:
             index = sync.args[position] if position < len(sync.args) else None
             if type(index) is int:
                 yield index, _qualified(prefix, expression)
-
-
-def _sync_meta(gm: torch.fx.GraphModule, node: torch.fx.Node) -> dict[str, Any]:
-    """The metadata of the sync op itself (inside a ``control_deps`` subgraph, if wrapped)."""
-    if not is_control_deps(node):
-        return node.meta
-    subgraph = getattr(gm, str(node.args[1].target), None)  # type: ignore[union-attr]
-    for sub in subgraph.graph.nodes if isinstance(subgraph, torch.fx.GraphModule) else ():
-        if sub.op == "call_function" and is_sync_op(sub.target):
-            return sub.meta
-    return {}
 
 
 def _user_call(stack_trace: Any, op: str) -> list[tuple[int, str]] | None:

@@ -52,20 +52,29 @@ def is_passthrough(node: torch.fx.Node) -> bool:
     return alias_of(node) is not node
 
 
-def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
-    """The sync ``node`` issues, or None when it issues none."""
+def sync_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node | None:
+    """The sync op node ``node`` issues: itself, or the one inside its ``control_deps``
+    subgraph (whose metadata keeps the user's stack trace); None when it issues none."""
     if node.op != "call_function":
         return None
     if is_sync_op(node.target):
-        return SyncCall(node, node.target, sync_args(node))
+        return node
     if not is_control_deps(node):
         return None
     subgraph = getattr(gm, str(node.args[1].target))  # type: ignore[union-attr]
-    operands = iter(node.args[2:])
-    inner: dict[torch.fx.Node, Any] = {}
     for sub in subgraph.graph.nodes:
-        if sub.op == "placeholder":
-            inner[sub] = next(operands, None)
-        elif sub.op == "call_function" and is_sync_op(sub.target):
-            return SyncCall(node, sub.target, tuple(torch.fx.map_arg(sync_args(sub), inner.get)))
+        if sub.op == "call_function" and is_sync_op(sub.target):
+            return sub  # type: ignore[no-any-return]
     raise ValueError(f"control_deps node {node.name} wraps no sync op")
+
+
+def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
+    """The sync ``node`` issues, or None when it issues none."""
+    sync = sync_node(gm, node)
+    if sync is None:
+        return None
+    if sync is node:
+        return SyncCall(node, node.target, sync_args(node))
+    placeholders = [n for n in sync.graph.nodes if n.op == "placeholder"]
+    inner: dict[torch.fx.Node, Any] = dict(zip(placeholders, node.args[2:], strict=False))
+    return SyncCall(node, sync.target, tuple(torch.fx.map_arg(sync_args(sync), inner.get)))

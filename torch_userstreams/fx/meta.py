@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -173,3 +174,18 @@ def device_of(node: torch.fx.Node) -> torch.device:
     touched = (node, *node.all_input_nodes)
     devices = [tensor_device(t) for n in touched for t in tensors(n.meta.get("val"))]
     return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
+
+
+_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+), in (?P<function>.*)$')
+
+
+def user_frame(node: torch.fx.Node) -> tuple[str, str] | None:
+    """(``file:line in function``, the line's code or '') of the innermost frame in
+    ``node``'s stack trace: the user's code that made it; None without a trace."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
+    for i in reversed(range(len(lines))):
+        frame = _FRAME.match(lines[i])
+        if frame:
+            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            return f"{frame['path']}:{frame['line']} in {frame['function']}", code
+    return None
