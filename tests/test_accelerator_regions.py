@@ -575,3 +575,72 @@ def test_the_backward_compiles_with_its_forward_and_may_add_events(
     compiled = torch.compile(side_value_read_on_main, backend="userstreams")
     compiled(x, w, *objects).backward()
     assert makers == [True, True], makers
+
+
+def side_matmul(x: torch.Tensor, s: torch.Stream, e: torch.Event) -> torch.Tensor:
+    with s:
+        y = torch.relu(x @ x) + 1
+    e.record(s)
+    e.wait(torch.accelerator.current_stream())
+    return torch.relu(y @ x).sum(0) * 2
+
+
+def test_regions_skip_inductors_per_call_wrapper_after_the_first_call() -> None:
+    """A region Inductor compiled runs through ``CompiledFxGraph.__call__`` on its first
+    call only; later calls go straight to Inductor's generated ``call`` (the launcher's
+    direct entry), with the same values."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    native = CompiledFxGraph.__call__
+    wrapped: list[CompiledFxGraph] = []
+
+    def counted(self: CompiledFxGraph, inputs: Any) -> Any:
+        wrapped.append(self)
+        return native(self, inputs)
+
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(side_matmul, backend="userstreams")
+    CompiledFxGraph.__call__ = counted  # type: ignore[method-assign]
+    try:
+        outs = [compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent()) for _ in range(3)]
+    finally:
+        CompiledFxGraph.__call__ = native  # type: ignore[method-assign]
+    regions = len(wrapped)
+    assert regions == 2  # the side stream's region and the current stream's, once each
+    expected = side_matmul(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
+    for out in outs:
+        torch.testing.assert_close(out, expected)
+
+
+def transpose_on_the_side(x: torch.Tensor, s: torch.Stream, e: torch.Event) -> torch.Tensor:
+    y = x * 2
+    e.record()
+    e.wait(s)
+    with s:
+        z = y.t()
+    return z
+
+
+def test_a_region_of_views_alone_runs_without_entering_its_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A view launches no kernel on any stream: the side stream's region (``t``) is run by
+    the host as it comes, with no ``with`` around it, and its value is eager's."""
+    import torch_userstreams.run.plan as plan
+
+    sources: list[str] = []
+    native = plan.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        launcher = native(*args, **kwargs)
+        sources.append(launcher.source)
+        return launcher
+
+    monkeypatch.setattr(plan, "generate", generate)
+    x = torch.arange(6.0).reshape(2, 3)
+    compiled = torch.compile(transpose_on_the_side, backend="userstreams")
+    out = compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
+    torch.testing.assert_close(out, (x * 2).t())
+    (source,) = sources
+    assert "with " not in source, source
+    assert ".record(" in source and ".wait(" in source, source

@@ -48,9 +48,7 @@ def table() -> UserObjectTable:
     made.add(
         EntryKind.GRAPH_CREATED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="dynamo"
     )
-    made.add(
-        EntryKind.REQUESTED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="a pass"
-    )
+    made.add(EntryKind.REQUESTED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="a pass")
     return made
 
 

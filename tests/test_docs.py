@@ -82,8 +82,8 @@ def _imported_layers(path: Path, package: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = list(parts[:-1])[: len(parts) - node.level] if node.level > 1 else list(
-                parts[:-1]
+            base = (
+                list(parts[:-1])[: len(parts) - node.level] if node.level > 1 else list(parts[:-1])
             )
             target = base + (node.module.split(".") if node.module else [])
             names = target[:1] or [alias.name for alias in node.names]

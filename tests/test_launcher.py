@@ -114,3 +114,71 @@ def test_what_is_no_table_index_or_identifier_is_written_so_that_it_compiles() -
     assert "    k1(-1, 0)" in lines  # the issuer, whose lookup says what is wrong
     with pytest.raises(UserObjectError, match=r"lookup\(-1\)"):
         program.run([torch.ones(1)])
+
+
+class Entries:
+    """A boxed step's two entries, each counting its calls (the list is the callee's)."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.direct = 0
+
+    def full_entry(self, args: list[torch.Tensor]) -> tuple[torch.Tensor]:
+        self.full += 1
+        (x,) = args
+        args.clear()
+        return (x + 1,)
+
+    def direct_entry(self, args: list[torch.Tensor]) -> tuple[torch.Tensor]:
+        self.direct += 1
+        (x,) = args
+        args.clear()
+        return (x + 1,)
+
+
+def boxed_program(entries: Entries) -> Program:
+    step = Step(
+        entries.full_entry, (Ref(0),), outputs=(1,), boxed=True, direct=entries.direct_entry
+    )
+    return Program(2, [0], [step], (Ref(1),))
+
+
+def test_a_boxed_step_is_called_with_one_list() -> None:
+    lines = boxed_program(Entries()).launcher.source.splitlines()
+    assert lines[1] == "    v1, = k0([v0])"
+
+
+def test_calls_take_the_direct_entry_after_the_first_unless_watched() -> None:
+    """The first call, and any call a race detector or the profiler watches, goes through
+    the full entry (Inductor's bookkeeping, the detector's view of compiled code); the
+    others through the direct one. Values are the same either way."""
+    from torch_userstreams.observe import watching
+    from torch_userstreams.testing.races import RaceDetector
+
+    entries = Entries()
+    run = boxed_program(entries).boxed()
+    x = torch.arange(2.0)
+    results = [run([x]), run([x]), run([x])]
+    assert (entries.full, entries.direct) == (1, 2)
+    with watching(RaceDetector(None)):
+        results.append(run([x]))
+    with torch.autograd.profiler.profile():
+        results.append(run([x]))
+    assert (entries.full, entries.direct) == (3, 2)
+    for (y,) in results:
+        torch.testing.assert_close(y, x + 1)
+
+
+def test_a_step_failing_in_its_direct_entry_is_found_from_its_line() -> None:
+    """Both launchers run one code object, so a traceback from either names the step."""
+    from torch_userstreams.run.launcher import failed_step
+
+    def broken(args: list[torch.Tensor]) -> None:
+        raise RuntimeError("kernel failed")
+
+    first = Step(torch.neg, (Ref(0),), output=1)
+    second = Step(Entries().full_entry, (Ref(1),), outputs=(2,), boxed=True, direct=broken)
+    program = Program(3, [0], [first, second], (Ref(2),))
+    with pytest.raises(RuntimeError, match="kernel failed") as raised:
+        program.run([torch.ones(1)], watched=False)
+    assert failed_step(program.launcher, raised.value) == 1

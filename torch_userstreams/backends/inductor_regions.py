@@ -43,10 +43,10 @@ from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
 from .regions import (
     Region,
-    at_most_one_kernel,
     copy_factories_per_stream,
     has_side_effects,
     has_stream_work,
+    kernels_launched,
     region_module,
     split,
     syncs_in_subgraphs,
@@ -176,21 +176,25 @@ class StreamRegionsCompiler:
         region_kwargs["static_input_idxs"] = [
             i for i, node in enumerate(module.inputs) if node in static
         ]
-        call: Callable[..., Any]
-        if at_most_one_kernel(module.gm):
+        args = tuple(Ref(slots[node]) for node in module.inputs)
+        outputs = tuple(slots[node] for node in module.outputs)
+        kernels = kernels_launched(module.gm)
+        if kernels is not None and kernels <= 1:
             # Nothing to fuse: run as is (``at_most_one_kernel``); ``forward``, so that no
-            # module hook of the user's sees this internal graph.
-            call = module.gm.forward
-        else:
-            examples = [node.meta["val"] for node in module.inputs]
-            with strides.region(module.outputs):
-                compiled = self.compile_region(module.gm, examples, **region_kwargs)
-            call = _boxed_caller(compiled)
+            # module hook of the user's sees this internal graph. Views alone issue no work
+            # on any stream: the host runs them without entering one.
+            stream = region.stream if kernels else None
+            return Step(module.gm.forward, args, stream=stream, outputs=outputs)
+        examples = [node.meta["val"] for node in module.inputs]
+        with strides.region(module.outputs):
+            compiled = self.compile_region(module.gm, examples, **region_kwargs)
         return Step(
-            call,
-            tuple(Ref(slots[node]) for node in module.inputs),
+            compiled,
+            args,
             stream=region.stream,
-            outputs=tuple(slots[node] for node in module.outputs),
+            outputs=outputs,
+            boxed=True,
+            direct=_generated_call(compiled),
         )
 
 
@@ -305,13 +309,16 @@ def _refs(template: Any, slots: dict[torch.fx.Node, int]) -> Any:
     return torch.fx.map_arg(template, ref)
 
 
-def _boxed_caller(compiled: Any) -> Callable[..., Any]:
-    """``compiled`` (boxed: it takes one list) as a function of positional arguments."""
+def _generated_call(compiled: Any) -> Callable[..., Any] | None:
+    """The ``call`` Inductor generated for a region (boxed, as the graph is), which its
+    ``CompiledFxGraph`` wraps in per-call bookkeeping the region's launcher does not need
+    once the region has run once: the launcher's direct entry. None for another compiler's
+    result."""
+    from torch._inductor.output_code import CompiledFxGraph
 
-    def call(*args: Any) -> Any:
-        return compiled(list(args))
-
-    return call
+    if isinstance(compiled, CompiledFxGraph):
+        return compiled.current_callable
+    return None
 
 
 def _skip_cudagraphs(

@@ -71,38 +71,46 @@ _INDUCTOR_ONLY_DTYPES = {
 _CHECKS = ("_assert", "sym_constrain_range")
 
 
-def at_most_one_kernel(gm: torch.fx.GraphModule) -> bool:
-    """Whether a region's graph launches at most one kernel, every op in it an ATen op that
-    neither writes, draws random numbers nor checks at run time: views, and one computing
-    op at most, on dtypes eager ATen computes.
+def kernels_launched(gm: torch.fx.GraphModule) -> int | None:
+    """How many kernels a region's graph launches when run as it is, or None where it must
+    go to Inductor: every op an ATen op that neither writes, draws random numbers nor checks
+    at run time, on dtypes eager ATen computes; views launch none.
 
-    Inductor has nothing to fuse in such a region, and compiling it costs Inductor's fixed
-    cost per graph (tens of milliseconds on CUDA): the package runs its graph as it is.
-    Anything else (a subgraph call, a size expression, a second op) goes to Inductor, and
-    so does every region under max-autotune, which may pick a faster kernel than eager's.
+    Anything else (a subgraph call, a size expression) goes to Inductor, and so does every
+    region under max-autotune, which may pick a faster kernel than eager's.
     """
     from torch._inductor import config
 
     if config.max_autotune or config.max_autotune_gemm or config.max_autotune_pointwise:
-        return False
+        return None
     kernels = 0
     for node in gm.graph.nodes:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor) and value.dtype in _INDUCTOR_ONLY_DTYPES:
-            return False
+            return None
         if node.op in ("placeholder", "output", "get_attr") or node.target is operator.getitem:
             continue
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-            return False
+            return None
         if target.namespace != "aten" or target._schema.is_mutable:
-            return False
+            return None
         if torch.Tag.nondeterministic_seeded in target.tags:
-            return False
+            return None
         if target.__name__.startswith(_CHECKS):
-            return False
+            return None
         kernels += not target.is_view
-    return kernels <= 1
+    return kernels
+
+
+def at_most_one_kernel(gm: torch.fx.GraphModule) -> bool:
+    """Whether a region's graph launches at most one kernel (``kernels_launched``).
+
+    Inductor has nothing to fuse in such a region, and compiling it costs Inductor's fixed
+    cost per graph (tens of milliseconds on CUDA): the package runs its graph as it is.
+    """
+    kernels = kernels_launched(gm)
+    return kernels is not None and kernels <= 1
 
 
 def _pinned(node: torch.fx.Node) -> bool:

@@ -53,7 +53,7 @@ def _refuse_a_new_cpu_event(stream: Any) -> None:
         raise UserObjectError(
             "torch_userstreams: stream.record_event() with no event cannot be traced on a "
             "native CPU torch.Stream: Dynamo records a real event while tracing, and torch "
-            "refuses CPU events (\"cpu backend doesn't support events\"). Write "
+            'refuses CPU events ("cpu backend doesn\'t support events"). Write '
             "event = torch.Event(device='cpu'); event.record(stream) instead (with "
             "backend='userstreams_aot_eager', which issues every sync, pass "
             "torch_userstreams.simulator.SimStream(device='cpu') as the stream)."

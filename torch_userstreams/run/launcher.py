@@ -15,9 +15,14 @@ straight-line code, in the manner of Inductor's wrapper:
         o3.wait(None)
         return (v4,)
 
-Each kind of step writes its own lines (``SyncLines``, ``CallLines``); values live in local
+Each kind of step writes its own lines (``_sync_line``, ``_call_line``); values live in local
 variables; callables and constants are the function's globals. A step that raises is found
 from the traceback's line, so the happy path pays nothing to be diagnosed.
+
+The code is compiled once and bound to two sets of globals: ``launch`` calls each step's
+``direct`` entry where it has one (an Inductor graph's generated ``call``, without
+``CompiledFxGraph.__call__``'s per-call bookkeeping), ``launch_watched`` each step's full
+entry, for the calls someone watches (a race detector, the profiler) and the first call.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class _Source:
     names: dict[str, Any]
     step_of_line: dict[int, int]
     objects: dict[int, str]
+    direct: dict[str, Any]
 
     def constant(self, value: Any) -> str:
         """A global name for ``value`` (a callable, a constant of a template)."""
@@ -119,7 +125,15 @@ def _call_line(step: Step, source: _Source) -> str:
         args.append(
             f"{key}={value(arg, source)}" if named else f"**{{{key!r}: {value(arg, source)}}}"
         )
-    call = f"{source.constant(step.call)}({', '.join(args)})"
+    callee = source.constant(step.call)
+    if step.direct is not None:
+        source.direct[callee] = step.direct
+    if step.boxed:
+        if step.kwargs:
+            raise ValueError(f"a boxed step takes no keyword arguments: {step}")
+        call = f"{callee}([{', '.join(args)}])"
+    else:
+        call = f"{callee}({', '.join(args)})"
     if step.output is not None:
         return f"v{step.output} = {call}"
     if step.outputs:
@@ -128,7 +142,7 @@ def _call_line(step: Step, source: _Source) -> str:
 
 
 def _step_lines(index: int, step: Step, source: _Source) -> None:
-    line = _sync_line(step, source) if not step.outputs else None
+    line = None if step.outputs or step.boxed else _sync_line(step, source)
     if line is None:
         lines = [_call_line(step, source)]
     else:  # a sync's value (the executor keeps one per node) is None
@@ -146,10 +160,12 @@ def _step_lines(index: int, step: Step, source: _Source) -> None:
 
 @dataclass(frozen=True)
 class Launcher:
-    """A program's generated function (``launch(*inputs)``), its source, and the step each
-    of its lines issues (for diagnosing a step that raised)."""
+    """A program's generated function (``launch(*inputs)``; ``launch_watched``, the same
+    code calling each step's full entry), its source, and the step each of its lines issues
+    (for diagnosing a step that raised)."""
 
     launch: Callable[..., Any]
+    launch_watched: Callable[..., Any]
     source: str
     step_of_line: dict[int, int]
 
@@ -159,7 +175,7 @@ _counter = itertools.count()
 
 def generate(inputs: list[int], steps: list[Step], output: Any) -> Launcher:
     """The launcher of a program with these input slots, steps and output template."""
-    source = _Source([], {}, {}, {})
+    source = _Source([], {}, {}, {}, {})
     for index, step in enumerate(steps):
         _step_lines(index, step, source)
     result = value(output, source)
@@ -173,8 +189,12 @@ def generate(inputs: list[int], steps: list[Step], output: Any) -> Launcher:
     filename = f"<torch_userstreams launcher {next(_counter)}>"
     namespace: dict[str, Any] = {"lookup": lookup, **source.names}
     exec(compile(text, filename, "exec"), namespace)
+    watched = namespace["launch"]
+    launch = watched
+    if source.direct:
+        launch = types.FunctionType(watched.__code__, {**namespace, **source.direct}, "launch")
     step_of_line = {line + offset: step for line, step in source.step_of_line.items()}
-    return Launcher(namespace["launch"], text, step_of_line)
+    return Launcher(launch, watched, text, step_of_line)
 
 
 def failed_step(launcher: Launcher, exc: BaseException) -> int | None:

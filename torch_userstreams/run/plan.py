@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import torch.autograd.profiler as profiler
+
 from ..observe import watcher
 from .backward import running_node_binding
 from .issue_syncs import diagnose
@@ -48,27 +50,38 @@ class Program:
         self.output = output
         self.steps = _with_frees(steps, set(refs(output)))
         self.launcher = generate(inputs, self.steps, output)
+        # The first call runs every step's full entry (Inductor ends its autotune-cache
+        # bundling there); later ones the direct entries, unless watched (``boxed``).
+        self.warm = False
         _trace(self.launcher.source)
 
-    def run(self, inputs: list[Any]) -> Any:
+    def run(self, inputs: list[Any], *, watched: bool = True) -> Any:
+        """Run the launcher on ``inputs``; unless ``watched``, through the steps' direct
+        entries (``launcher``)."""
+        launch = self.launcher.launch_watched if watched else self.launcher.launch
         try:
-            return self.launcher.launch(*inputs)
+            result = launch(*inputs)
         except (AttributeError, TypeError, RuntimeError) as exc:
             error = _diagnosis(self, exc)
             if error is None:
                 raise
             raise error from exc
+        self.warm = True
+        return result
 
     def boxed(self, *, backward: bool = False) -> Callable[[list[Any]], Any]:
         """The AOTAutograd calling convention: one list argument, owned by the callee. A
         ``backward`` graph's program runs with its node's binding as the thread's current
-        one (``bound_to_running_node``)."""
+        one (``bound_to_running_node``). A call nobody watches (no race detector, no
+        profiler) after the first takes the steps' direct entries."""
 
         def run(args: list[Any]) -> Any:
             inputs = list(args)
             args.clear()
-            result = self.run(inputs)
             observer = watcher()
+            if observer is None and self.warm and not profiler._is_profiler_enabled:
+                return self.run(inputs, watched=False)
+            result = self.run(inputs)
             if observer is not None:  # a race detector: what it returns is the caller's
                 observer.escape(result)
             return result

@@ -21,7 +21,12 @@ class Ref:
 @dataclass(frozen=True)
 class Step:
     """Call ``call(*args, **kwargs)`` on ``stream`` (None: as is); store the result in
-    ``output`` (a slot), or unpack it into ``outputs``; then drop the slots in ``frees``."""
+    ``output`` (a slot), or unpack it into ``outputs``; then drop the slots in ``frees``.
+
+    A ``boxed`` call takes its arguments as one list it owns (Inductor's compiled graphs);
+    ``direct``, if given, is the same computation without the caller's per-call bookkeeping
+    (an Inductor graph's generated ``call``), which the launcher uses once nobody watches.
+    """
 
     call: Callable[..., Any]
     args: tuple[Any, ...] = ()
@@ -30,3 +35,5 @@ class Step:
     output: int | None = None
     outputs: tuple[int, ...] = ()
     frees: tuple[int, ...] = ()
+    boxed: bool = False
+    direct: Callable[..., Any] | None = None
