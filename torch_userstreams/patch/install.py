@@ -23,6 +23,7 @@ import torch
 
 from ..errors import PatchPointError, UnsupportedTorchError
 from ..run import native
+from ..run.own_ops import no_effect_fake
 from ..run.state import forget_thread_state, wait_for_calls_on_other_threads
 from . import fakes
 from .points import (
@@ -38,7 +39,6 @@ log = logging.getLogger("torch_userstreams")
 
 STREAMS_MODULE = "torch._dynamo.variables.streams"
 _PRERELEASE = re.compile(r"(dev|a\d|b\d|rc\d|git)")
-_PACKAGE = __name__.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -164,9 +164,7 @@ def find_aliases(native: Any) -> list[tuple[Any, str]]:
 
 
 def _replacement_for(resolved: Resolved) -> Any:
-    module_name, func_name = resolved.point.replacement.rsplit(".", 1)
-    module = importlib.import_module(f"{_PACKAGE}.{module_name}")
-    replacement = getattr(module, func_name)
+    replacement = resolved.point.replacement
     if resolved.point.wraps:
         replacement = replacement(resolved.native)
     return staticmethod(replacement) if resolved.point.static else replacement
@@ -220,7 +218,7 @@ def _fake_impl_writes() -> list[tuple[Site, Any]]:
     writes = []
     for opdef, attr, original, new in fakes.fake_impl_writes():
         point = PatchPoint(
-            STREAMS_MODULE, f"{opdef._name}.{attr}", "run.own_ops.no_effect_fake", (), aliases=False
+            STREAMS_MODULE, f"{opdef._name}.{attr}", no_effect_fake, (), aliases=False
         )
         writes.append((Site(opdef, attr, original, point), new))
     return writes

@@ -9,7 +9,23 @@ change shows up as one failing test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from .. import passes
+from ..compile import hook
+from ..compile.returned_objects import wrap_reconstruct
+from ..run.lookup import lookup
+from . import (
+    backward_order,
+    cse,
+    event_stream_arg,
+    keyword_args,
+    queries,
+    replacements,
+    stream_blocks,
+)
 
 SUPPORTED_MINORS = ("2.11", "2.12", "2.13", "2.14", "2.15")
 SUPPORTED_RANGE = ">=2.11,<2.16"
@@ -28,7 +44,7 @@ class PatchPoint:
 
     module: str
     qualname: str
-    replacement: str  # dotted path inside torch_userstreams, resolved at install
+    replacement: Callable[..., Any]  # or, with ``wraps``, a factory given the native
     params: tuple[str, ...]  # parameter names we expect the native object to take
     aliases: bool = True
     static: bool = False  # a staticmethod in a class: restore the descriptor itself
@@ -46,25 +62,23 @@ class PatchPoint:
 
 
 _COMMON = (
-    PatchPoint(
-        GBI, "register_user_object", "patch.replacements.register_user_object", ("value", "source")
-    ),
+    PatchPoint(GBI, "register_user_object", replacements.register_user_object, ("value", "source")),
     PatchPoint(
         GBI,
         "register_graph_created_object",
-        "patch.replacements.register_graph_created_object",
+        replacements.register_graph_created_object,
         ("example_value", "construct_fn"),
     ),
-    PatchPoint(GBI, "get_external_object_by_index", "run.lookup.lookup", ("index",)),
-    PatchPoint(GBI, "reset_user_object_tracking", "patch.replacements.wrap_reset", (), wraps=True),
-    PatchPoint(GBI, "has_user_objects", "patch.replacements.has_user_objects", ()),
-    PatchPoint(STREAMS, "new_event", "patch.replacements.new_event", ("args", "kwargs")),
-    PatchPoint(STREAMS, "new_stream", "patch.replacements.new_stream", ("args", "kwargs")),
-    PatchPoint(STREAMS, "get_current_stream", "patch.replacements.get_current_stream", ("device",)),
+    PatchPoint(GBI, "get_external_object_by_index", lookup, ("index",)),
+    PatchPoint(GBI, "reset_user_object_tracking", replacements.wrap_reset, (), wraps=True),
+    PatchPoint(GBI, "has_user_objects", replacements.has_user_objects, ()),
+    PatchPoint(STREAMS, "new_event", replacements.new_event, ("args", "kwargs")),
+    PatchPoint(STREAMS, "new_stream", replacements.new_stream, ("args", "kwargs")),
+    PatchPoint(STREAMS, "get_current_stream", replacements.get_current_stream, ("device",)),
     PatchPoint(
         STREAMS,
         "StreamVariable.make_construct_in_graph_stream_fn",
-        "patch.replacements.make_construct_in_graph_stream_fn",
+        replacements.make_construct_in_graph_stream_fn,
         ("args", "kwargs"),
         aliases=False,
         static=True,
@@ -72,7 +86,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "EventVariable.make_construct_in_graph_event_fn",
-        "patch.replacements.make_construct_in_graph_event_fn",
+        replacements.make_construct_in_graph_event_fn,
         ("args", "kwargs"),
         aliases=False,
         static=True,
@@ -80,7 +94,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "StreamVariable.reconstruct",
-        "compile.returned_objects.wrap_reconstruct",
+        wrap_reconstruct,
         ("self", "codegen"),
         aliases=False,
         wraps=True,
@@ -88,7 +102,7 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "EventVariable.reconstruct",
-        "compile.returned_objects.wrap_reconstruct",
+        wrap_reconstruct,
         ("self", "codegen"),
         aliases=False,
         wraps=True,
@@ -97,7 +111,7 @@ _COMMON = (
         PatchPoint(
             STREAMS,
             f"StreamContextVariable.{handler}",
-            f"patch.stream_blocks.wrap_{handler}",
+            getattr(stream_blocks, f"wrap_{handler}"),
             ("self", "tx", "args"),
             aliases=False,
             wraps=True,
@@ -107,33 +121,33 @@ _COMMON = (
     PatchPoint(
         STREAMS,
         "EventVariable._get_stream_arg",
-        "patch.event_stream_arg.wrap_get_stream_arg",
+        event_stream_arg.wrap_get_stream_arg,
         ("tx", "args", "kwargs"),
         aliases=False,
         static=True,
         wraps=True,
     ),
-    PatchPoint(AOT_STREAMS, "assign_backward_streams", "passes.assign_backward_streams", ("gm",)),
-    PatchPoint(AOT_STREAMS, "insert_backward_syncs", "passes.insert_backward_syncs", ("gm",)),
-    PatchPoint(AOT_STREAMS, "sync_deallocations", "passes.sync_deallocations", ("gm",)),
+    PatchPoint(AOT_STREAMS, "assign_backward_streams", passes.assign_backward_streams, ("gm",)),
+    PatchPoint(AOT_STREAMS, "insert_backward_syncs", passes.insert_backward_syncs, ("gm",)),
+    PatchPoint(AOT_STREAMS, "sync_deallocations", passes.sync_deallocations, ("gm",)),
     PatchPoint(
         PATTERN_MATCHER,
         "same_mutation_regions",
-        "patch.cse.wrap_same_mutation_regions",
+        cse.wrap_same_mutation_regions,
         ("a", "b"),
         wraps=True,
     ),
     PatchPoint(
         PARTITIONERS,
         "reordering_to_mimic_autograd_engine",
-        "patch.backward_order.wrap_reordering",
+        backward_order.wrap_reordering,
         ("gm",),
         wraps=True,
     ),
     PatchPoint(
         OUTPUT_GRAPH,
         "OutputGraph.compile_and_call_fx_graph",
-        "compile.hook.wrap",
+        hook.wrap,
         ("self", "tx", "rv", "root"),
         aliases=False,
         wraps=True,
@@ -160,7 +174,7 @@ _LAZY_MODULES = (
 _WRAP_SYNCS = PatchPoint(
     AOT_STREAMS,
     "wrap_all_sync_nodes_with_control_deps",
-    "passes.wrap_all_sync_nodes_with_control_deps",
+    passes.wrap_all_sync_nodes_with_control_deps,
     ("gm",),
     needs=("_wrap_sync_node",),
 )
@@ -171,7 +185,7 @@ _QUERY_BY_CALL_METHOD = tuple(
     PatchPoint(
         STREAMS,
         f"{cls}.call_method",
-        "patch.queries.wrap_call_method",
+        queries.wrap_call_method,
         ("self", "tx", "name", "args", "kwargs"),
         aliases=False,
         wraps=True,
@@ -180,7 +194,9 @@ _QUERY_BY_CALL_METHOD = tuple(
 )
 
 
-def _handler_points(replacement: str, handlers: tuple[str, ...]) -> tuple[PatchPoint, ...]:
+def _handler_points(
+    replacement: Callable[..., Any], handlers: tuple[str, ...]
+) -> tuple[PatchPoint, ...]:
     """Points for ``Class.method`` handlers that Dynamo 2.14+ dispatches through the
     class's ``tp_methods`` table (each one's table entry is replaced too)."""
     return tuple(
@@ -198,12 +214,12 @@ def _handler_points(replacement: str, handlers: tuple[str, ...]) -> tuple[PatchP
 
 
 _QUERY_BY_TP_METHODS = _handler_points(
-    "patch.queries.wrap_query", ("StreamVariable.query", "EventVariable.query")
+    queries.wrap_query, ("StreamVariable.query", "EventVariable.query")
 )
 # Stream methods called with their keyword trace as the positional call
 # (``patch.keyword_args``): up to 2.13 the call_method replacement above does it.
 _KEYWORDS_BY_TP_METHODS = _handler_points(
-    "patch.keyword_args.wrap_tp_method",
+    keyword_args.wrap_tp_method,
     ("StreamVariable.record_event", "StreamVariable.wait_event", "StreamVariable.wait_stream"),
 )
 
