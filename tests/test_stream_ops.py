@@ -292,3 +292,35 @@ def test_a_new_event_recorded_on_a_native_cpu_stream_names_the_spelling_that_wor
     torch._dynamo.reset()
     got = torch.compile(record_an_event, backend=backend)(torch.ones(2), SimStream(device="cpu"))
     torch.testing.assert_close(got, torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("name", [*EMITTED, "record_stream", "synchronize_device"])
+def test_the_table_of_sync_roles_matches_each_ops_schema(name: str) -> None:
+    """``SYNC_ROLES`` is the one place that knows which argument of a sync is its event,
+    stream, waited stream or tensor: each op's schema (native, or the package's own where
+    this torch lacks it) has one argument per role, a tensor where the role is one, and an
+    index where the role names a user object."""
+    from torch_userstreams.fx.ops import OBJECT_ROLES, SYNC_ROLES
+
+    op = native_op(name)
+    if op is None and name not in EMITTED:
+        pytest.skip(f"torch {torch.__version__} has no streams::{name}, and the package emits none")
+    op = op if op is not None else sync_op(name)
+    arguments = op._schema.arguments
+    roles = SYNC_ROLES[name]
+    assert len(arguments) == len(roles)
+    for role, argument in zip(roles, arguments, strict=True):
+        assert (str(argument.type) == "Tensor") == (role == "tensor"), (role, argument)
+        if role in OBJECT_ROLES:
+            assert argument.name.endswith("_index"), (role, argument)
+
+
+def test_operands_reads_a_sync_by_role() -> None:
+    from torch_userstreams.fx.ops import SyncOperands, operands
+
+    x = torch.ones(1)
+    assert operands("sync_dealloc", (3, 1, x)) == SyncOperands(event=3, stream=1, tensor=x)
+    assert operands("wait_stream", (1, 2)) == SyncOperands(stream=1, waited=2)
+    assert operands("record_stream", (x, 4)) == SyncOperands(stream=4, tensor=x)
+    assert operands("record_event", (5,)) == SyncOperands(event=5)  # a call that left one out
+    assert operands("synchronize_device", ("cuda", 0)) == SyncOperands()

@@ -37,6 +37,7 @@ import torch.fx
 from ..compile.table import EntryKind, UserObjectTable
 from ..fx.control_deps import sync_node
 from ..fx.meta import records, user_frame
+from ..fx.ops import operands
 
 if TYPE_CHECKING:
     from ..testing.graph_view import Kernel, Sync
@@ -140,15 +141,15 @@ class _Capture:
     # -- syncs ------------------------------------------------------------------------
 
     def sync(self, sync: Sync) -> None:
-        name, args = sync.name, sync.args
+        name, args = sync.name, operands(sync.name, sync.args)
         if name in HOST_SYNCS or "query" in name:
             self.host_sync(sync)
         elif name == "record_event":
-            self.record(args[0], self.key(args[1]), sync.node)
+            self.record(args.event, self.key(args.stream), sync.node)
         elif name in WAITS:
-            self.wait_event(args[0], self.key(args[1]), sync.node)
+            self.wait_event(args.event, self.key(args.stream), sync.node)
         elif name == "wait_stream":
-            self.wait_stream(self.key(args[0]), self.key(args[1]), sync.node)
+            self.wait_stream(self.key(args.stream), self.key(args.waited), sync.node)
         # fork / join / record_stream order nothing
 
     def record(self, event: Hashable, stream: Hashable, node: torch.fx.Node) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from ..fx.control_deps import SyncCall
-from ..fx.ops import op_name
+from ..fx.ops import op_name, operands
 from .regions import Region, Step
 
 Clock = dict[Hashable, int]
@@ -75,31 +75,36 @@ def without_redundant_waits(
         if isinstance(step, Region):
             streams.work(streams.key(step.stream))
             continue
-        name, args = op_name(step.op), step.args
-        if name == "record_event" and args and holdable(args[0]):
-            if _indices(args, 0, 1):
-                recorded[args[0]] = streams.point(streams.key(args[1]))
+        name = op_name(step.op)
+        sync = operands(name, step.args)
+        if name == "record_event" and holdable(sync.event):
+            if _indices(sync.event, sync.stream):
+                recorded[sync.event] = streams.point(streams.key(sync.stream))
             else:  # recorded where this cannot say: its waits are judged by nothing here
-                recorded.pop(args[0], None)
-        elif name in ("wait_event", "sync_dealloc") and _indices(args, 0, 1):
-            waiter = streams.clock(streams.key(args[1]))
-            mark = recorded.get(args[0])
+                recorded.pop(sync.event, None)
+        elif name in ("wait_event", "sync_dealloc") and _indices(sync.event, sync.stream):
+            waiter = streams.clock(streams.key(sync.stream))
+            mark = recorded.get(sync.event)
             if mark is None:  # a user's event (its index may alias another), or recorded
                 continue  # before this graph: what it orders is not known here
             if name == "wait_event" and _after(mark, waiter):
                 dropped.add(position)
             else:
                 _join(waiter, mark)
-        elif name == "wait_stream" and _indices(args, 0, 1):
-            _join(streams.clock(streams.key(args[0])), streams.point(streams.key(args[1])))
+        elif name == "wait_stream" and _indices(sync.stream, sync.waited):
+            _join(streams.clock(streams.key(sync.stream)), streams.point(streams.key(sync.waited)))
         # A host sync or a record_stream orders nothing this judgement relies on.
     kept = [step for position, step in enumerate(steps) if position not in dropped]
-    read = {step.args[0] for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
+    read = {_event(step) for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
     return [step for step in kept if not _unread_record(step, read, holdable)]
 
 
-def _indices(args: tuple[Any, ...], *positions: int) -> bool:
-    return all(len(args) > i and type(args[i]) is int and args[i] >= 0 for i in positions)
+def _indices(*args: Any) -> bool:
+    return all(type(arg) is int and arg >= 0 for arg in args)
+
+
+def _event(step: SyncCall) -> Any:
+    return operands(op_name(step.op), step.args).event
 
 
 def _reads_event(step: SyncCall) -> bool:
@@ -113,5 +118,5 @@ def _reads_event(step: SyncCall) -> bool:
 def _unread_record(step: Step, read: set[Any], holdable: Callable[[Any], bool]) -> bool:
     if not isinstance(step, SyncCall) or op_name(step.op) != "record_event":
         return False
-    event = step.args[0] if step.args else None
+    event = _event(step)
     return holdable(event) and event not in read

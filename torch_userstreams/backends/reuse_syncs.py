@@ -39,7 +39,7 @@ from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import alias_of, is_passthrough, sync_of
 from ..fx.meta import device_of, record
-from ..fx.ops import made_by, op_name
+from ..fx.ops import made_by, op_name, operands
 from ..passes.devices import host_ordered
 from .regions import runs_on
 
@@ -76,14 +76,13 @@ class _Syncs:
     deallocs: list[tuple[int, int, int, torch.fx.Node]] = field(default_factory=list)
 
     def add(self, at: int, name: str, args: tuple[object, ...]) -> None:
-        event = args[0] if args else None
+        sync = operands(name, args)
+        event, stream, held = sync.event, sync.stream, sync.tensor
         if not isinstance(event, int) or name not in _EVENT_OPS:
             return
         self.last_use[event] = at
-        stream = args[1] if len(args) > 1 else None
         if name == "record_event" and isinstance(stream, int):
             self.records.setdefault(event, []).append((at, stream))
-        held = args[2] if len(args) > 2 else None
         if name == "sync_dealloc" and isinstance(stream, int) and isinstance(held, torch.fx.Node):
             self.deallocs.append((at, event, stream, buffer_of(held)))
 

@@ -16,7 +16,7 @@ import torch.fx
 
 from ..compile.table import EntryKind, UserObjectTable
 from ..fx.control_deps import SyncCall
-from ..fx.ops import op_name
+from ..fx.ops import op_name, operands
 from ..testing.capture import capture
 from .config import DemoConfig
 from .issued import Issued, issued_steps, syncs_caption
@@ -100,11 +100,12 @@ class _Layout:
         self.position += 1
 
     def _sync(self, sync: SyncCall, issued: bool) -> None:
-        op, args = op_name(sync.op), sync.args
-        if op in ("record_event", "wait_event", "sync_dealloc") and len(args) > 1:
-            self._event_sync(op, args[0], self.lane(args[1]), issued)
-        elif op == "wait_stream" and len(args) > 1:
-            waiting, waited = self.lane(args[0]), self.lane(args[1])
+        op = op_name(sync.op)
+        args = operands(op, sync.args)
+        if op in ("record_event", "wait_event", "sync_dealloc") and len(sync.args) > 1:
+            self._event_sync(op, args.event, self.lane(args.stream), issued)
+        elif op == "wait_stream" and len(sync.args) > 1:
+            waiting, waited = self.lane(args.stream), self.lane(args.waited)
             if issued:
                 self.timeline.arrows.append(
                     Arrow(waited, self.position, waiting, self.position, f"{waiting} waits")
@@ -112,7 +113,7 @@ class _Layout:
             detail = f"wait_stream: {waiting} waits for {waited}"
             self._box(Box(waiting, self.position, 1.0, waited, WAIT, _not(detail, issued), issued))
         else:
-            lane = self.lane(args[1] if len(args) > 1 else None)
+            lane = self.lane(args.stream)
             self._box(Box(lane, self.position, 1.0, op, SYNC, _not(op, issued), issued))
 
     def _event_sync(self, op: str, event: Any, lane: str, issued: bool) -> None:

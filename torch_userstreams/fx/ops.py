@@ -8,6 +8,7 @@ emits its own, in the ``userstreams`` namespace (``run/own_ops.py``).
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,6 +48,43 @@ def sync_args(node: torch.fx.Node) -> tuple[Any, ...]:
         return (*node.args, *node.kwargs.values())
     names = [argument.name for argument in schema.arguments[len(node.args) :]]
     return (*node.args, *(node.kwargs[name] for name in names if name in node.kwargs))
+
+
+# Each sync op's positional arguments by what they name: the one table of their positions.
+# ``stream`` is the stream the op acts on (records on, waits on, holds memory for, or, for
+# ``wait_stream``, the waiting one); ``waited`` is the stream ``wait_stream`` waits for.
+SYNC_ROLES: dict[str, tuple[str, ...]] = {
+    "record_event": ("event", "stream"),
+    "wait_event": ("event", "stream"),
+    "sync_dealloc": ("event", "stream", "tensor"),
+    "wait_stream": ("stream", "waited"),
+    "record_stream": ("tensor", "stream"),
+    "synchronize_event": ("event",),
+    "synchronize_stream": ("stream",),
+    "synchronize_device": ("device_type", "device"),
+}
+# The roles that name a user object (a table index in compiled graphs).
+OBJECT_ROLES = frozenset({"event", "stream", "waited"})
+
+
+@dataclass(frozen=True)
+class SyncOperands:
+    """A sync's arguments by role (``SYNC_ROLES``); None for a role the op does not have or
+    the call left out."""
+
+    event: Any = None
+    stream: Any = None
+    waited: Any = None
+    tensor: Any = None
+
+
+def operands(name: str, args: tuple[Any, ...]) -> SyncOperands:
+    """The arguments ``args`` of the sync op ``name`` (``op_name``) by role."""
+    roles = SYNC_ROLES.get(name, ())
+    fields = SyncOperands.__dataclass_fields__
+    return SyncOperands(
+        **{role: arg for role, arg in zip(roles, args, strict=False) if role in fields}
+    )
 
 
 def table_indices(node: torch.fx.Node) -> list[int]:

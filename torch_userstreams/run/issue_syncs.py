@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedPathError, UserObjectError, UserStreamsError
-from ..fx.ops import op_name
+from ..fx.ops import SYNC_ROLES, op_name
 from ..simulator import SimEvent, SimStream
 from .backward import backward_binding
 from .binding import graph_of
@@ -74,14 +74,14 @@ ISSUERS: dict[str, Callable[..., None]] = {
 
 
 # What each issuer's positional arguments must name: an event, a stream, or anything.
+_KIND_OF_ROLE: dict[str, type] = {
+    "event": torch.Event,
+    "stream": torch.Stream,
+    "waited": torch.Stream,
+}
 _KINDS: dict[Callable[..., None], tuple[type | None, ...]] = {
-    _record_event: (torch.Event, torch.Stream),
-    _wait_event: (torch.Event, torch.Stream),
-    _wait_stream: (torch.Stream, torch.Stream),
-    _sync_dealloc: (torch.Event, torch.Stream, None),
-    _synchronize_event: (torch.Event,),
-    _synchronize_stream: (torch.Stream,),
-    _record_stream: (None, torch.Stream),
+    ISSUERS[name]: tuple(_KIND_OF_ROLE.get(role) for role in roles)
+    for name, roles in SYNC_ROLES.items()
 }
 
 

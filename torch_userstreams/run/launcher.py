@@ -34,22 +34,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..fx.ops import OBJECT_ROLES, SYNC_ROLES
 from .issue_syncs import ISSUERS
 from .lookup import lookup
 from .steps import Ref, Step
 
-# How each sync issuer is written as a method call on the call's objects: the positions of
-# its object arguments, and the line (``{0}``... name those arguments, objects or values).
-_SYNC_LINES: dict[Callable[..., None], tuple[tuple[int, ...], str]] = {
-    ISSUERS["record_event"]: ((0, 1), "{0}.record({1})"),
-    ISSUERS["wait_event"]: ((0, 1), "{0}.wait({1})"),
-    ISSUERS["wait_stream"]: ((0, 1), "{0}.wait_stream({1})"),
+# How each sync is written as a method call on the call's objects, its arguments named by
+# role (``fx.ops.SYNC_ROLES``).
+_SYNC_LINES: dict[str, str] = {
+    "record_event": "{event}.record({stream})",
+    "wait_event": "{event}.wait({stream})",
+    "wait_stream": "{stream}.wait_stream({waited})",
     # the tensor is held until here: its memory is not reused before the wait
-    ISSUERS["sync_dealloc"]: ((0, 1), "{0}.wait({1})"),
-    ISSUERS["synchronize_event"]: ((0,), "{0}.synchronize()"),
-    ISSUERS["synchronize_stream"]: ((0,), "{0}.synchronize()"),
-    ISSUERS["record_stream"]: ((1,), "{0}.record_stream({1})"),
+    "sync_dealloc": "{event}.wait({stream})",
+    "synchronize_event": "{event}.synchronize()",
+    "synchronize_stream": "{stream}.synchronize()",
+    "record_stream": "{tensor}.record_stream({stream})",
 }
+_NAME_OF_ISSUER: dict[Callable[..., None], str] = {issue: name for name, issue in ISSUERS.items()}
 
 
 @dataclass
@@ -99,19 +101,21 @@ def value(template: Any, source: _Source) -> str:
 
 def _sync_line(step: Step, source: _Source) -> str | None:
     """``step`` as a method call on the call's objects, or None (issued as a call)."""
-    spec = _SYNC_LINES.get(step.call)
-    if spec is None or step.kwargs:
+    name = _NAME_OF_ISSUER.get(step.call, "")
+    pattern = _SYNC_LINES.get(name)
+    roles = SYNC_ROLES.get(name, ())
+    if pattern is None or step.kwargs or len(step.args) != len(roles):
         return None
-    positions, pattern = spec
-    if any(not _is_index(step.args[i]) for i in positions if i < len(step.args)):
+    if any(
+        role in OBJECT_ROLES and not _is_index(arg)
+        for role, arg in zip(roles, step.args, strict=True)
+    ):
         return None
-    names = [
-        source.object(arg) if i in positions else value(arg, source)
-        for i, arg in enumerate(step.args)
-    ]
-    if len(names) < max(positions) + 1:
-        return None
-    return pattern.format(*names)
+    names = {
+        role: source.object(arg) if role in OBJECT_ROLES else value(arg, source)
+        for role, arg in zip(roles, step.args, strict=True)
+    }
+    return pattern.format(**names)
 
 
 def _is_index(arg: Any) -> bool:
