@@ -644,3 +644,19 @@ def test_a_region_of_views_alone_runs_without_entering_its_stream(
     (source,) = sources
     assert "with " not in source, source
     assert ".record(" in source and ".wait(" in source, source
+
+
+def test_inductors_execution_order_recording_sees_every_region_call() -> None:
+    """``torch._inductor.debug.record_and_log_graph_execution_order`` counts calls in
+    ``CompiledFxGraph.__call__``: while it records, regions take their full entry (helper-6's
+    review found the direct entries hid them)."""
+    import torch._inductor.debug as inductor_debug
+
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(side_matmul, backend="userstreams")
+    compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent())  # the first call: warm
+    with inductor_debug.record_and_log_graph_execution_order():
+        for _ in range(3):
+            compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
+        recorded = len(inductor_debug.GRAPH_EXECUTION_ORDER or ())
+    assert recorded == 3 * 2  # two regions per call

@@ -170,7 +170,8 @@ def test_calls_take_the_direct_entry_after_the_first_unless_watched() -> None:
 
 
 def test_a_step_failing_in_its_direct_entry_is_found_from_its_line() -> None:
-    """Both launchers run one code object, so a traceback from either names the step."""
+    """Both launchers run one code object, so a traceback from either names the step:
+    a failure in the direct entry, then one in the full entry."""
     from torch_userstreams.run.launcher import failed_step
 
     def broken(args: list[torch.Tensor]) -> None:
@@ -181,4 +182,9 @@ def test_a_step_failing_in_its_direct_entry_is_found_from_its_line() -> None:
     program = Program(3, [0], [first, second], (Ref(2),))
     with pytest.raises(RuntimeError, match="kernel failed") as raised:
         program.run([torch.ones(1)], watched=False)
+    assert failed_step(program.launcher, raised.value) == 1
+    watched_broken = Step(broken, (Ref(1),), outputs=(2,), boxed=True, direct=Entries().full_entry)
+    program = Program(3, [0], [first, watched_broken], (Ref(2),))
+    with pytest.raises(RuntimeError, match="kernel failed") as raised:
+        program.run([torch.ones(1)])
     assert failed_step(program.launcher, raised.value) == 1

@@ -13,9 +13,10 @@ compile well, and the package runs the pieces on their streams:
 * otherwise: split into regions of one stream each (``regions.split``); each region is
   compiled by Inductor on its own, except one of a single kernel, which runs as its graph
   (``regions.at_most_one_kernel``); at run time the host enters each region's stream
-  (resolved from the call's binding), launches it, and issues the syncs between regions
-  in graph order (``plan``). A region compiled by Inductor is plain stream-free code, so
-  Inductor's caches serve it like any other graph.
+  (resolved from the call's binding; a region of views alone launches nothing and enters
+  none), launches it (after the first call, through the ``call`` Inductor generated), and
+  issues the syncs between regions in graph order (``plan``). A region compiled by
+  Inductor is plain stream-free code, so Inductor's caches serve it like any other graph.
 """
 
 from __future__ import annotations

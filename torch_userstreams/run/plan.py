@@ -10,6 +10,7 @@ value after its last use, as eager code would.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -73,13 +74,14 @@ class Program:
         """The AOTAutograd calling convention: one list argument, owned by the callee. A
         ``backward`` graph's program runs with its node's binding as the thread's current
         one (``bound_to_running_node``). A call nobody watches (no race detector, no
-        profiler) after the first takes the steps' direct entries."""
+        profiler, no execution-order recording) after the first takes the steps' direct
+        entries."""
 
         def run(args: list[Any]) -> Any:
             inputs = list(args)
             args.clear()
             observer = watcher()
-            if observer is None and self.warm and not profiler._is_profiler_enabled:
+            if observer is None and self.warm and not _inductor_watches():
                 return self.run(inputs, watched=False)
             result = self.run(inputs)
             if observer is not None:  # a race detector: what it returns is the caller's
@@ -89,6 +91,16 @@ class Program:
         boxed = bound_to_running_node(run) if backward else run
         boxed._boxed_call = True  # type: ignore[attr-defined]
         return boxed
+
+
+def _inductor_watches() -> bool:
+    """Whether torch records each compiled graph's call: the profiler's labels, and the
+    execution order ``torch._inductor.debug`` writes to the structured trace. Both are
+    ``CompiledFxGraph.__call__``'s, which the direct entries skip."""
+    if profiler._is_profiler_enabled:
+        return True
+    debug = sys.modules.get("torch._inductor.debug")
+    return bool(getattr(debug, "RECORD_GRAPH_EXECUTION", False))
 
 
 def _trace(source: str) -> None:
