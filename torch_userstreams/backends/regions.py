@@ -209,8 +209,9 @@ class _Grouping:
     stream after it may join the region before it. The event then marks a later point of its
     stream than the graph's order says, so whoever waits for it waits for that work too:
     ordering is only added, never removed, and the record is still issued before every wait
-    for it. A record between two pieces of a stream's work (a backward's gradient ready for
-    the join, a dealloc sync's record) no longer splits that work into two compiled regions.
+    for it. So a record between two pieces of a stream's work (a backward's gradient ready
+    for the join, a dealloc sync's record) does not split that work into two compiled
+    regions.
     """
 
     def __init__(self, holdable: Callable[[Any], bool], current: frozenset[int]) -> None:

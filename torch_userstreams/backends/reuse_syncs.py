@@ -20,10 +20,9 @@ A buffer no dealloc sync holds at all needs a new event. The partitioner can mak
 buffers: the joint graph read a value on another stream and again on its own in the
 backward, after a sync that covered the first read, so the pass rightly added nothing;
 then the partitioner recomputed the value in the backward instead of saving it, and the
-forward frees it right after the other stream's read. (On an H200 the demo's ``tanh``
-reached the forward so; this is the likely cause, not confirmed there.) While the backend
-still compiles the graph, its table takes a new event; a graph compiled later (a lazy
-backward) is refused with an error that names the read.
+forward frees it right after the other stream's read. While the backend still compiles
+the graph, its table takes a new event; a graph compiled later (a lazy backward) is refused
+with an error that names the read.
 """
 
 from __future__ import annotations

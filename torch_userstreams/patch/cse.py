@@ -4,10 +4,10 @@ Before it partitions, the min-cut partitioner (``userstreams``) merges each node
 earlier one with the same target and arguments (``fx_graph_cse``). The key knows nothing
 of streams, so:
 
-* ``(x * w).sin()`` on a side stream and ``(x * w).cos()`` on the main one shared one
+* ``(x * w).sin()`` on a side stream and ``(x * w).cos()`` on the main one would share one
   ``x * w``, made on the side stream and read on the main one before any wait: a race;
 * a sync issued twice with the same arguments (``s.wait_stream(m)`` before and after more
-  work on ``m``) was kept once, and the second wait was lost (torch 2.11, which does not
+  work on ``m``) would be kept once, losing the second wait (torch 2.11, which does not
   wrap syncs in ``control_deps``).
 
 The CSE asks ``same_mutation_regions(node, earlier)`` before it merges, and it is that
