@@ -44,6 +44,7 @@ from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
 from .regions import (
     Region,
+    at_most_one_kernel,
     copy_factories_per_stream,
     has_side_effects,
     has_stream_work,
@@ -179,12 +180,11 @@ class StreamRegionsCompiler:
         ]
         args = tuple(Ref(slots[node]) for node in module.inputs)
         outputs = tuple(slots[node] for node in module.outputs)
-        kernels = kernels_launched(module.gm)
-        if kernels is not None and kernels <= 1:
-            # Nothing to fuse: run as is (``at_most_one_kernel``); ``forward``, so that no
-            # module hook of the user's sees this internal graph. Views alone issue no work
-            # on any stream: the host runs them without entering one.
-            stream = region.stream if kernels else None
+        if at_most_one_kernel(module.gm):
+            # Nothing to fuse: run as is; ``forward``, so that no module hook of the user's
+            # sees this internal graph. Views alone issue no work on any stream: the host
+            # runs them without entering one.
+            stream = None if kernels_launched(module.gm) == 0 else region.stream
             return Step(module.gm.forward, args, stream=stream, outputs=outputs)
         examples = [node.meta["val"] for node in module.inputs]
         with strides.region(module.outputs):

@@ -22,7 +22,8 @@ from the traceback's line, so the happy path pays nothing to be diagnosed.
 The code is compiled once and bound to two sets of globals: ``launch`` calls each step's
 ``direct`` entry where it has one (an Inductor graph's generated ``call``, without
 ``CompiledFxGraph.__call__``'s per-call bookkeeping), ``launch_watched`` each step's full
-entry, for the calls someone watches (a race detector, the profiler) and the first call.
+entry, for the calls someone watches (a race detector, the profiler, Inductor's
+execution-order recording) and the first call.
 """
 
 from __future__ import annotations

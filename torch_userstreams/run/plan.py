@@ -61,14 +61,12 @@ class Program:
         entries (``launcher``)."""
         launch = self.launcher.launch_watched if watched else self.launcher.launch
         try:
-            result = launch(*inputs)
+            return launch(*inputs)
         except (AttributeError, TypeError, RuntimeError) as exc:
             error = _diagnosis(self, exc)
             if error is None:
                 raise
             raise error from exc
-        self.warm = True
-        return result
 
     def boxed(self, *, backward: bool = False) -> Callable[[list[Any]], Any]:
         """The AOTAutograd calling convention: one list argument, owned by the callee. A
@@ -84,6 +82,7 @@ class Program:
             if observer is None and self.warm and not _inductor_watches():
                 return self.run(inputs, watched=False)
             result = self.run(inputs)
+            self.warm = True
             if observer is not None:  # a race detector: what it returns is the caller's
                 observer.escape(result)
             return result
