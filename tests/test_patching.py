@@ -185,6 +185,42 @@ def test_missing_patch_point_raises_and_patches_nothing(monkeypatch: pytest.Monk
     assert all(snapshot()[key] is value for key, value in before.items())
 
 
+def test_every_wrapping_replacement_carries_the_native_it_wraps() -> None:
+    """A ``wraps`` point's factory returns a function marked with the native it calls (the
+    one mark, ``originals.carries``): each patched slot leads back to its own original."""
+    from torch_userstreams.originals import original_of
+
+    def function(value: Any) -> Any:
+        return value.__func__ if isinstance(value, staticmethod) else value
+
+    wrapping = [(site, new) for site, new in patching.plan(MINOR) if site.point.wraps]
+    assert wrapping, "no point of this torch wraps its native"
+    for site, new in wrapping:
+        assert original_of(function(new)) is function(site.original), site.where
+
+
+def test_a_factory_whose_replacement_carries_nothing_fails_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dataclasses import replace
+
+    from torch_userstreams.patch import install as install_module
+
+    before = snapshot()
+    points = list(POINTS[MINOR])
+    at = next(i for i, point in enumerate(points) if point.wraps)
+    points[at] = replace(points[at], replacement=lambda native: lambda *a, **k: native(*a, **k))
+    monkeypatch.setitem(install_module.POINTS, MINOR, points)
+    with pytest.raises(PatchPointError) as info:
+        torch_userstreams.install()
+    message = str(info.value)
+    assert points[at].name in message and "Nothing was patched" in message
+    assert "originals.carries(native)" in message
+    assert not torch_userstreams.is_installed()
+    monkeypatch.undo()
+    assert all(snapshot()[key] is value for key, value in before.items())
+
+
 def test_changed_signature_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._dynamo.graph_bytecode_inputs as gbi
 

@@ -10,7 +10,6 @@ prologue prepended to the instructions that call it.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedPathError, UserObjectError, compiled_autograd_hint
+from ..originals import carries
 from ..run.backward import attach
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
@@ -183,7 +183,7 @@ def _trace(table: UserObjectTable) -> None:
 def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     """The replacement for ``OutputGraph.compile_and_call_fx_graph``."""
 
-    @functools.wraps(original)
+    @carries(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
         compile_ = graph_compile.for_output_graph(self)
         method_syncs.rewrite(self.graph, compile_.table)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..originals import carries
 from . import graph_compile
 
 RUN_LOOKUP_MODULE = "torch_userstreams.run.lookup"
@@ -19,6 +20,7 @@ RUN_LOOKUP_MODULE = "torch_userstreams.run.lookup"
 def wrap_reconstruct(native: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
     """The replacement for ``StreamVariable.reconstruct`` / ``EventVariable.reconstruct``."""
 
+    @carries(native)
     def reconstruct(self: Any, codegen: Any) -> None:
         index = getattr(self, "user_object_index", None)
         if getattr(self, "source", None) is not None or index is None:
@@ -33,5 +35,4 @@ def wrap_reconstruct(native: Callable[[Any, Any], None]) -> Callable[[Any, Any],
         codegen.extend_output(create_call_function(1, False))
         graph_compile.for_output_graph(codegen.tx.output).mark_returns_objects()
 
-    reconstruct.__wrapped__ = native  # type: ignore[attr-defined]
     return reconstruct

@@ -22,6 +22,7 @@ import torch.fx
 
 from ..fx.control_deps import is_control_deps
 from ..fx.ops import is_sync_op
+from ..originals import carries
 
 Reordering = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
@@ -37,9 +38,9 @@ def _syncs(gm: torch.fx.GraphModule) -> int:
 def wrap_reordering(native: Reordering) -> Reordering:
     """The replacement: ``native``'s graph unless it lost a sync, else ``gm`` unchanged."""
 
+    @carries(native)
     def reordering_to_mimic_autograd_engine(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         reordered = native(gm)
         return reordered if _syncs(reordered) == _syncs(gm) else gm
 
-    reordering_to_mimic_autograd_engine.__wrapped__ = native  # type: ignore[attr-defined]
     return reordering_to_mimic_autograd_engine

@@ -27,6 +27,7 @@ import torch.fx
 
 from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
+from ..originals import carries
 
 SameRegions = Callable[[torch.fx.Node, torch.fx.Node], bool]
 
@@ -34,10 +35,10 @@ SameRegions = Callable[[torch.fx.Node, torch.fx.Node], bool]
 def wrap_same_mutation_regions(native: SameRegions) -> SameRegions:
     """The replacement: ``native``'s answer, and the same stream, and no sync."""
 
+    @carries(native)
     def same_mutation_regions(a: torch.fx.Node, b: torch.fx.Node) -> bool:
         if is_sync_op(a.target) or is_sync_op(b.target):
             return False
         return stream_of(a) == stream_of(b) and native(a, b)
 
-    same_mutation_regions.__wrapped__ = native  # type: ignore[attr-defined]
     return same_mutation_regions

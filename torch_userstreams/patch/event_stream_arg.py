@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..compile import graph_compile
+from ..originals import carries
 from .replacements import DYNAMO
 
 CPU = torch.device("cpu")
@@ -37,6 +38,7 @@ def wrap_get_stream_arg(native: Callable[..., Any]) -> Callable[..., Any]:
     a ``(variable, index)`` pair: the fallback answers in native's shape."""
     pair = "tuple" in str(inspect.signature(native).return_annotation)
 
+    @carries(native)
     def _get_stream_arg(tx: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
         named = bool(args) or kwargs.get("stream") is not None
         if named or tx.symbolic_stream_state.in_stream_context():
@@ -44,7 +46,6 @@ def wrap_get_stream_arg(native: Callable[..., Any]) -> Callable[..., Any]:
         stream = ambient_cpu_stream()
         return (stream, stream.user_object_index) if pair else stream
 
-    _get_stream_arg.__wrapped__ = native  # type: ignore[attr-defined]
     return _get_stream_arg
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import PatchPointError, UnsupportedTorchError
+from ..originals import original_of
 from ..run import native
 from ..run.own_ops import no_effect_fake
 from ..run.state import forget_thread_state, wait_for_calls_on_other_threads
@@ -167,6 +168,14 @@ def _replacement_for(resolved: Resolved) -> Any:
     replacement = resolved.point.replacement
     if resolved.point.wraps:
         replacement = replacement(resolved.native)
+        if original_of(replacement) is not resolved.native:
+            factory = resolved.point.replacement.__qualname__
+            raise PatchPointError(
+                f"torch_userstreams: patch point {resolved.point.name}: its factory "
+                f"{factory} returned a function that does not carry the native it wraps. "
+                f"Nothing was patched. Decorate the function {factory} returns with "
+                "torch_userstreams.originals.carries(native)."
+            )
     return staticmethod(replacement) if resolved.point.static else replacement
 
 

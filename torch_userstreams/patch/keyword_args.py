@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 
 import torch
 
+from ..originals import carries
+
 # The parameter each stream method takes, by name (``torch.Stream``'s own signatures).
 PARAMETER = {"record_event": "event", "wait_event": "event", "wait_stream": "stream"}
 GRAPH_BREAK_TYPE = "torch_userstreams: stream method called with keyword arguments"
@@ -94,9 +96,9 @@ def _graph_break(variable: Any, name: str, param: str) -> NoReturn:
 def wrap_tp_method(native: TpMethod) -> TpMethod:
     """The replacement for a ``StreamVariable`` ``tp_methods`` handler (torch 2.14+)."""
 
+    @carries(native)
     def handler(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
         args, kwargs = positional(self, native.__name__, args, kwargs)
         return native(self, tx, args, kwargs)
 
-    handler.__wrapped__ = native  # type: ignore[attr-defined]
     return handler

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..originals import carries
 from .keyword_args import positional
 
 CallMethod = Callable[..., Any]
@@ -97,13 +98,13 @@ def wrap_call_method(native: CallMethod) -> CallMethod:
     (torch up to 2.13). It also passes stream methods' keyword arguments positionally
     (``keyword_args``), which 2.14+ gets from its own ``tp_methods`` handlers."""
 
+    @carries(native)
     def call_method(self: Any, tx: Any, name: str, args: Any, kwargs: Any) -> Any:
         if name == "query":
             _graph_break(self, tx)
         args, kwargs = positional(self, name, args, kwargs)
         return native(self, tx, name, args, kwargs)
 
-    call_method.__wrapped__ = native  # type: ignore[attr-defined]
     return call_method
 
 
@@ -111,8 +112,8 @@ def wrap_query(native: CallMethod) -> CallMethod:
     """The replacement for the ``query`` handler of ``StreamVariable`` / ``EventVariable``
     (torch 2.14+, where Dynamo dispatches methods through ``tp_methods``)."""
 
+    @carries(native)
     def query(self: Any, tx: Any, args: Any, kwargs: Any) -> Any:
         _graph_break(self, tx)
 
-    query.__wrapped__ = native  # type: ignore[attr-defined]
     return query

@@ -2,7 +2,7 @@
 
 ``patch.install`` writes each of these over the native function *and* over every by-value
 alias of it, and restores the originals on ``uninstall()``. The ones made by a ``wrap_``
-factory are given the native function (kept as their ``__wrapped__``).
+factory are given the native function, which they carry (``originals.carries``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .. import api
 from ..compile import emitters, factories, graph_compile
 from ..compile.table import EntryKind, Phase
 from ..fx.meta import drop_leaked_stream_annotation
+from ..originals import carries
 
 log = logging.getLogger("torch_userstreams")
 DYNAMO = "dynamo"
@@ -137,12 +138,12 @@ def wrap_reset(native: Callable[[], None]) -> Callable[[], None]:
     native's tables reset as before, the frame gets a fresh compile, and a stream
     annotation leaked by an earlier trace is dropped."""
 
+    @carries(native)
     def reset_user_object_tracking() -> None:
         graph_compile.begin_frame()
         _drop_leaked_stream_annotation()
         native()
 
-    reset_user_object_tracking.__wrapped__ = native  # type: ignore[attr-defined]
     return reset_user_object_tracking
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..originals import carries
 from .replacements import source_name
 
 Handler = Callable[..., Any]
@@ -33,6 +34,7 @@ def wrap_enter(native: Handler) -> Handler:
     """``StreamContextVariable.enter`` that returns the stream entered when it is one and
     lets a stream's block nest inside its own."""
 
+    @carries(native)
     def enter(self: Any, tx: Any, *args: Any) -> Any:
         from torch._dynamo.variables.streams import StreamVariable
 
@@ -51,6 +53,7 @@ def wrap_exit(native: Handler) -> Handler:
     """``StreamContextVariable.exit`` that leaves a nested block of the same stream
     without running the outer block's exit hook."""
 
+    @carries(native)
     def exit(self: Any, tx: Any, *args: Any) -> Any:
         from torch._dynamo.variables import ConstantVariable
 
