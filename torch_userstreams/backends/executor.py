@@ -16,6 +16,7 @@ import torch.fx
 
 from ..fx.control_deps import alias_of, sync_of
 from ..fx.meta import stream_of
+from ..fx.subgraphs import attribute
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 
@@ -31,20 +32,13 @@ def _constant(value: Any) -> Callable[[], Any]:
     return lambda: value
 
 
-def _attr(gm: torch.nn.Module, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _callable(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., Any]:
     if node.op == "call_function":
         return node.target  # type: ignore[return-value]
     if node.op == "call_method":
         return _method_caller(str(node.target))
     if node.op == "get_attr":
-        return _constant(_attr(gm, str(node.target)))
+        return _constant(attribute(gm, node))
     raise NotImplementedError(
         f"torch_userstreams: the stream executor cannot run {node.op} node {node.name}; "
         "graphs from AOTAutograd have none."

@@ -34,6 +34,7 @@ from ..compile.prologue import referenced_indices
 from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
+from ..fx.subgraphs import held_by
 from ..passes import sync_inference_graph_in_backend
 from ..passes.devices import new_event
 from ..run.issue_syncs import issuer
@@ -126,13 +127,7 @@ class StreamRegionsCompiler:
         compiled code reads (usually nothing): the prologue then skips the events the passes
         requested for syncs that were removed."""
         if self.cpu and self.table is not None:
-            reads = set().union(
-                *(
-                    referenced_indices(m.graph)
-                    for m in gm.modules()
-                    if isinstance(m, torch.fx.GraphModule)
-                )
-            )
+            reads = set().union(*(referenced_indices(m.graph) for m in held_by(gm)))
             self.table.note_run_time_reads(reads, backward=bool(kwargs.get("is_backward")))
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:

@@ -35,6 +35,7 @@ import torch.fx
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
 from ..fx.meta import drop_stream, stream_of
 from ..fx.ops import is_sync_op, op_name
+from ..fx.subgraphs import attribute, called_by, reachable
 
 
 @dataclass(eq=False)
@@ -474,36 +475,23 @@ def syncs_in_subgraphs(
     gm: torch.fx.GraphModule, region: Region
 ) -> Iterator[tuple[torch.fx.Node, str]]:
     """(calling node, sync op) for each sync inside a subgraph a node of ``region`` calls (a
-    ``torch.cond`` branch, a ``nested_compile_region`` body)."""
+    ``torch.cond`` branch, a ``nested_compile_region`` body), nested ones included."""
     for node in region.nodes:
-        for used in node.all_input_nodes:
-            sub = getattr(gm, str(used.target), None) if used.op == "get_attr" else None
-            if isinstance(sub, torch.fx.GraphModule):
-                for op in _sync_ops(sub):
-                    yield node, op
-
-
-def _sync_ops(gm: torch.fx.GraphModule) -> Iterator[str]:
-    for node in gm.graph.nodes:
-        step = sync_of(gm, node)
-        if step is not None:
-            yield getattr(step.op, "__name__", str(step.op))
-        elif node.op == "get_attr":
-            sub = getattr(gm, str(node.target), None)
-            if isinstance(sub, torch.fx.GraphModule):
-                yield from _sync_ops(sub)
+        for called in called_by(gm, node):
+            for sub in reachable(called):
+                for inner in sub.module.graph.nodes:
+                    step = sync_of(sub.module, inner)
+                    if step is not None:
+                        yield node, getattr(step.op, "__name__", str(step.op))
 
 
 def has_stream_work(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` (or a subgraph it calls) has a stream annotation or a sync."""
-    for node in gm.graph.nodes:
-        if stream_of(node) is not None or sync_of(gm, node) is not None:
-            return True
-        if node.op == "get_attr":
-            sub = getattr(gm, str(node.target), None)
-            if isinstance(sub, torch.fx.GraphModule) and has_stream_work(sub):
-                return True
-    return False
+    return any(
+        stream_of(node) is not None or sync_of(sub.module, node) is not None
+        for sub in reachable(gm)
+        for node in sub.module.graph.nodes
+    )
 
 
 def without_streams(gm: torch.fx.GraphModule, *, keep_syncs: bool = False) -> torch.fx.GraphModule:
@@ -530,9 +518,7 @@ def attributes(
     found: dict[str, Any] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
-            value = gm
-            for part in str(node.target).split("."):
-                value = getattr(value, part)
+            value = attribute(gm, node)
             if isinstance(value, torch.fx.GraphModule):
                 value = without_streams(value, keep_syncs=keep_syncs)
             found[str(node.target)] = value

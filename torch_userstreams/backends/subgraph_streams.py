@@ -26,9 +26,9 @@ import torch.fx
 
 from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
-from ..fx.control_deps import is_control_deps
 from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
+from ..fx.subgraphs import called_by
 
 # What users wrote, for the constructs whose subgraphs stay subgraphs: (body, call). Any
 # other higher-order op with a subgraph is treated the same (``construct_names``).
@@ -67,19 +67,8 @@ def _annotated_inside(gm: torch.fx.GraphModule) -> Iterator[tuple[int | None, to
         if node.op in _WORK and not is_sync_op(node.target):
             yield stream_of(node), node
         if _op_name(node) in _INLINED:
-            for sub in _subgraphs_called(gm, node):
+            for sub in called_by(gm, node):
                 yield from _annotated_inside(sub)
-
-
-def _subgraphs_called(
-    gm: torch.fx.GraphModule, node: torch.fx.Node
-) -> Iterator[torch.fx.GraphModule]:
-    if node.op != "call_function" or is_control_deps(node):
-        return
-    for used in node.all_input_nodes:
-        sub = getattr(gm, str(used.target), None) if used.op == "get_attr" else None
-        if isinstance(sub, torch.fx.GraphModule):
-            yield sub
 
 
 def _kept_calls(
@@ -90,7 +79,7 @@ def _kept_calls(
     calls is walked into once."""
     walked = set() if walked is None else walked
     for node in gm.graph.nodes:
-        for sub in _subgraphs_called(gm, node):
+        for sub in called_by(gm, node):
             if _op_name(node) not in _INLINED:
                 yield node, sub
             if id(sub) not in walked:

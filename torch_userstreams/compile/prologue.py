@@ -18,6 +18,7 @@ from typing import Any
 
 from ..fx.meta import stream_of
 from ..fx.ops import is_lookup, is_sync_op, table_indices
+from ..fx.subgraphs import held_by
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
 from . import emitters
@@ -53,7 +54,7 @@ def subgraph_modules(output_graph: Any) -> list[Any]:
     found = []
     for module in dict(getattr(output_graph, "nn_modules", {})).values():
         if isinstance(module, torch.fx.GraphModule):
-            found += [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]
+            found += held_by(module)
     return found
 
 

@@ -4,4 +4,5 @@
   partitioner's tags, what a pass recorded, the device a node's work runs on;
 * ``ops``: the sync ops (``streams::*``, and the package's own where torch lacks one);
 * ``control_deps``: reading a sync wrapped in ``control_deps``, and its passthroughs.
+* ``subgraphs``: the graphs a graph calls (higher-order ops' bodies), found one way.
 """

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import torch.fx
 
-from ..fx.control_deps import is_control_deps
+from ..fx.subgraphs import reachable
 from .graph_view import GraphView, StreamKey, Sync, read_graph
 from .happens_before import HappensBefore
 from .hazards import Finding, StreamName, data_races, memory_reuse
@@ -88,8 +88,10 @@ def check_stream_safety(
     current_streams = {_device_key(device): index for device, index in current_streams.items()}
     devices = gm.meta.get(STREAM_DEVICES_META, {})
     result = SafetyResult()
-    for where, graph in _graph_and_subgraphs(gm):
-        _check_one(graph, current_streams, devices, where, result)
+    # Each graph on its own: a branch's inputs count as ready when it starts, and what
+    # crosses its boundary is judged at the calling node.
+    for sub in reachable(gm):
+        _check_one(sub.module, current_streams, devices, sub.where(), result)
     return result
 
 
@@ -100,34 +102,6 @@ def _device_key(device: object) -> str:
         "check_stream_safety: current_streams maps a device ('cuda:0', or a torch.device) "
         f"to the current stream's table index; {device!r} is not a device"
     )
-
-
-def _graph_and_subgraphs(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.GraphModule]]:
-    """``gm`` and every graph it calls through a higher-order op (a ``torch.cond`` branch,
-    a body Dynamo did not inline), each checked on its own: a branch's inputs count as
-    ready when it starts, and what crosses its boundary is judged at the calling node.
-    A subgraph may sit inside a tuple or keyword argument (``flex_attention``'s block mask
-    holds its ``mask_mod``): every node the call reads counts."""
-    found = [("", gm)]
-    for where, graph in found:
-        for node in graph.graph.nodes:
-            if node.op != "call_function" or is_control_deps(node):
-                continue  # a control_deps subgraph is its sync, read in place
-            for arg in node.all_input_nodes:
-                called = _called_graph(graph, arg)
-                if called is not None and all(called is not g for _, g in found):
-                    found.append((f"{where}subgraph {arg.target}: ", called))
-    return found
-
-
-def _called_graph(gm: torch.fx.GraphModule, arg: torch.fx.Node) -> torch.fx.GraphModule | None:
-    """The graph module a ``get_attr`` argument names, if it names one."""
-    if arg.op != "get_attr":
-        return None
-    target: object = gm
-    for part in str(arg.target).split("."):
-        target = getattr(target, part, None)
-    return target if isinstance(target, torch.fx.GraphModule) else None
 
 
 def _check_one(

@@ -41,6 +41,7 @@ import torch.fx
 from ..fx.control_deps import is_control_deps, sync_of
 from ..fx.meta import device_of, is_tangent, stream_of
 from ..fx.ops import is_sync_op, op_name, sync_args
+from ..fx.subgraphs import attribute
 
 StreamKey = int | str | None
 """A table index; ``None`` for the current stream when its index is unknown."""
@@ -187,7 +188,7 @@ class _Reader:
 
     def _visit(self, node: torch.fx.Node) -> Any:
         if node.op in ("placeholder", "get_attr"):
-            if node.op == "get_attr" and isinstance(self._attr(node), torch.nn.Module):
+            if node.op == "get_attr" and isinstance(attribute(self.gm, node), torch.nn.Module):
                 return None
             buffer = self.new_buffer(node.name, None, None)
             if is_tangent(node):
@@ -213,13 +214,6 @@ class _Reader:
         stream = self._current_stream(device_of(node))
         kernel = Kernel(at or node, self.position, stream, [Access(buffer, write=write)])
         self.steps.append(kernel)
-
-    def _attr(self, node: torch.fx.Node) -> Any:
-        target = str(node.target)
-        try:
-            return operator.attrgetter(target)(self.gm)
-        except AttributeError:
-            return None
 
     def _call_function(self, node: torch.fx.Node) -> Any:
         target = node.target
