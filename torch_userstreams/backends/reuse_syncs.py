@@ -37,8 +37,9 @@ import torch.fx
 from ..compile.table import UserObjectTable
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import alias_of, is_passthrough, sync_of
-from ..fx.meta import device_of, record
+from ..fx.meta import device_of
 from ..fx.ops import made_by, op_name, operands
+from ..fx.record_and_wait import insert_record_and_wait
 from ..passes.devices import host_ordered
 from .regions import runs_on
 
@@ -168,7 +169,20 @@ def resync_reuse(
             raise _no_event(table, buffer, last)
         if requests is not None:
             _load_current_streams(table, requests, reader, owner)
-        notes += _insert(gm.graph, after, event, reader, owner, buffer)
+        notes += insert_record_and_wait(
+            gm.graph,
+            after,
+            after=True,
+            event=event,
+            recorded_on=reader,
+            waiting=owner,
+            holds=buffer,
+            by=NAME,
+            why=(
+                f"again after the last read of {buffer.name} on stream {reader}",
+                f"{buffer.name}'s stream waits before reusing its memory",
+            ),
+        )
     return notes
 
 
@@ -199,25 +213,6 @@ def _outputs(output: torch.fx.Node) -> list[torch.fx.Node]:
     found: list[torch.fx.Node] = []
     torch.fx.map_arg(output.args, found.append)
     return found
-
-
-def _insert(
-    graph: torch.fx.Graph,
-    after: torch.fx.Node,
-    event: int,
-    reader: int,
-    owner: int,
-    buffer: torch.fx.Node,
-) -> list[str]:
-    with graph.inserting_after(after):
-        recorded = graph.call_function(torch.ops.streams.record_event.default, (event, reader))
-    with graph.inserting_after(recorded):
-        waited = graph.call_function(torch.ops.streams.sync_dealloc.default, (event, owner, buffer))
-    notes = (
-        (recorded, f"again after the last read of {buffer.name} on stream {reader}"),
-        (waited, f"{buffer.name}'s stream waits before reusing its memory"),
-    )
-    return [f"{record(node, NAME, note).note} [{node.name}]" for node, note in notes]
 
 
 def _no_event(

@@ -5,4 +5,5 @@
 * ``ops``: the sync ops (``streams::*``, and the package's own where torch lacks one);
 * ``control_deps``: reading a sync wrapped in ``control_deps``, and its passthroughs.
 * ``subgraphs``: the graphs a graph calls (higher-order ops' bodies), found one way.
+* ``record_and_wait``: the one place passes insert a record and a wait.
 """

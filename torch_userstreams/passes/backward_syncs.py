@@ -25,16 +25,22 @@ Incoming gradients read on other streams are also freed safely: ``dealloc_syncs`
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import device_of, is_backward, is_tangent, mark_phase, record, stream_of
+from ..fx.meta import device_of, is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, made_by
+from ..fx.record_and_wait import insert_record, insert_record_and_wait, insert_wait
 from .contract import GraphPass
 from .devices import event_device, new_event, stream_index
 
 NAME = "backward_syncs"
+# Every sync this pass adds belongs to the backward.
+_record = functools.partial(insert_record, by=NAME, backward=True)
+_wait = functools.partial(insert_wait, by=NAME, backward=True)
 
 
 def _is_backward_value(node: torch.fx.Node) -> bool:
@@ -53,12 +59,6 @@ def _cross_stream_reads(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torc
             if _is_backward_value(producer) and stream_of(producer) != stream_of(consumer):
                 first.setdefault((producer, stream_of(consumer)), consumer)
     return [(producer, consumer) for (producer, _), consumer in first.items()]
-
-
-def _sync(graph: torch.fx.Graph, target: object, args: tuple[object, ...], note: str) -> str:
-    node = graph.call_function(target, args)  # type: ignore[arg-type]
-    mark_phase(node, backward=True)
-    return f"{record(node, NAME, note).note} [{node.name}]"
 
 
 def _edge_event(
@@ -117,19 +117,20 @@ def _entry_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
             continue
         event, current = edge
         what = "the incoming gradient" if is_tangent(value) else "the forward's"
-        why = f"{reader.name} reads {what} {value.name} on another stream"
-        with graph.inserting_before(reader):
-            notes.append(
-                _sync(graph, torch.ops.streams.record_event.default, (event, current), why)
-            )
-            notes.append(
-                _sync(
-                    graph,
-                    torch.ops.streams.wait_event.default,
-                    (event, stream),
-                    f"{reader.name} waits for what the backward was given",
-                )
-            )
+        notes += insert_record_and_wait(
+            graph,
+            reader,
+            after=False,
+            event=event,
+            recorded_on=current,
+            waiting=stream,
+            by=NAME,
+            backward=True,
+            why=(
+                f"{reader.name} reads {what} {value.name} on another stream",
+                f"{reader.name} waits for what the backward was given",
+            ),
+        )
     return notes
 
 
@@ -150,24 +151,10 @@ def _exit_syncs(graph: torch.fx.Graph, compile_: GraphCompile) -> list[str]:
         if edge is None:
             continue
         event, current = edge
-        with graph.inserting_after(maker):
-            notes.append(
-                _sync(
-                    graph,
-                    torch.ops.streams.record_event.default,
-                    (event, stream),
-                    f"after {maker.name}, which makes a gradient the backward returns",
-                )
-            )
-        with graph.inserting_before(output):
-            notes.append(
-                _sync(
-                    graph,
-                    torch.ops.streams.wait_event.default,
-                    (event, current),
-                    f"the current stream waits for {maker.name} before the backward returns",
-                )
-            )
+        why = f"after {maker.name}, which makes a gradient the backward returns"
+        notes.append(_record(graph, maker, after=True, event=event, stream=stream, why=why))
+        why = f"the current stream waits for {maker.name} before the backward returns"
+        notes.append(_wait(graph, output, after=False, event=event, stream=current, why=why))
     return notes
 
 
@@ -181,24 +168,14 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             continue
         if producer not in events:
             event = events[producer] = new_event(compile_, device, added_by=NAME, backward=True)
-            with graph.inserting_after(producer):
-                notes.append(
-                    _sync(
-                        graph,
-                        torch.ops.streams.record_event.default,
-                        (event, stream_index(producer, compile_, NAME)),
-                        f"after {producer.name}, which {consumer.name} reads on another stream",
-                    )
-                )
-        with graph.inserting_before(consumer):
-            notes.append(
-                _sync(
-                    graph,
-                    torch.ops.streams.wait_event.default,
-                    (events[producer], stream_index(consumer, compile_, NAME)),
-                    f"{consumer.name} waits for {producer.name}",
-                )
-            )
+            why = f"after {producer.name}, which {consumer.name} reads on another stream"
+            stream = stream_index(producer, compile_, NAME)
+            notes.append(_record(graph, producer, after=True, event=event, stream=stream, why=why))
+        why = f"{consumer.name} waits for {producer.name}"
+        stream = stream_index(consumer, compile_, NAME)
+        notes.append(
+            _wait(graph, consumer, after=False, event=events[producer], stream=stream, why=why)
+        )
     return notes + _entry_syncs(graph, compile_) + _exit_syncs(graph, compile_)
 
 

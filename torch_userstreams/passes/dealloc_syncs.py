@@ -40,8 +40,9 @@ import torch.fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import is_backward, is_tangent, mark_phase, record, stream_of
+from ..fx.meta import is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, is_view, made_by
+from ..fx.record_and_wait import insert_record_and_wait
 from .contract import GraphPass
 from .devices import event_device, new_event, stream_index
 
@@ -146,25 +147,21 @@ def _insert_dealloc_sync(
 ) -> list[str]:
     """After ``last`` reads ``node``'s memory (through ``through``) on its stream: an event
     there, and ``node``'s stream waits for it holding ``through`` until then."""
-    event = new_event(compile_, device, added_by=NAME, backward=backward)
-    with graph.inserting_after(last):
-        recorded = graph.call_function(
-            torch.ops.streams.record_event.default,
-            (event, stream_index(last, compile_, NAME)),
-        )
-    with graph.inserting_after(recorded):
-        waited = graph.call_function(
-            torch.ops.streams.sync_dealloc.default,
-            (event, stream_index(node, compile_, NAME), through),
-        )
-    notes = []
-    for added, note in (
-        (recorded, f"after the last use of {node.name} on its stream ({last.name})"),
-        (waited, f"{node.name}'s stream waits before reusing its memory"),
-    ):
-        mark_phase(added, backward)
-        notes.append(f"{record(added, NAME, note).note} [{added.name}]")
-    return notes
+    return insert_record_and_wait(
+        graph,
+        last,
+        after=True,
+        event=new_event(compile_, device, added_by=NAME, backward=backward),
+        recorded_on=stream_index(last, compile_, NAME),
+        waiting=stream_index(node, compile_, NAME),
+        holds=through,
+        by=NAME,
+        why=(
+            f"after the last use of {node.name} on its stream ({last.name})",
+            f"{node.name}'s stream waits before reusing its memory",
+        ),
+        backward=backward,
+    )
 
 
 PASS = GraphPass(
