@@ -46,7 +46,7 @@ def test_ambient_stream_is_loaded_when_the_graph_reads_it() -> None:
     report = torch_userstreams.explain(record_on_current, torch.ones(1))
     (table,) = report.tables
     # torch >= 2.12 registers the ambient stream first (index 0); 2.11 when it is read.
-    assert sorted((e.kind.value, e.loaded) for e in table.entries) == [
+    assert sorted((e.kind.value, table.loads(e.index)) for e in table.entries) == [
         (EntryKind.CURRENT_STREAM.value, True),
         (EntryKind.GRAPH_CREATED.value, True),
     ]
@@ -110,7 +110,7 @@ def test_record_and_wait_with_no_stream_use_the_cpu_current_stream(backend: str)
     forward = capture(fork_join_on_the_current_stream, x.detach()).forward[0]
     table = torch_userstreams.explain(fork_join_on_the_current_stream, x.detach()).tables[0]
     (ambient,) = [e for e in table.entries if e.kind is EntryKind.CURRENT_STREAM]
-    assert ambient.loaded and ambient.device == torch.device("cpu")
+    assert table.loads(ambient.index) and ambient.device == torch.device("cpu")
     side, ready, done = 0, 1, 2  # the function's objects, in creation order
     assert [(sync.name, sync.args) for sync in syncs(forward)][:4] == [
         ("record_event", (ready, ambient.index)),

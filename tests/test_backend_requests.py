@@ -246,8 +246,8 @@ def test_objects_a_backend_reads_from_its_own_code_are_made_when_it_hands_off(fn
     assert [(type(e), type(s)) for e, s in read] == [(SimEvent, SimStream)] * 2
     assert read[0][0] is not read[1][0], "a fresh event each call"
     (table,) = tables
-    assert all(e.loaded for e in table.entries if e.added_by == "backend")
-    assert table.backward_bound
+    assert all(table.loads(e.index) for e in table.entries if e.added_by == "backend")
+    assert table.plan is not None and table.plan.backward_bound
 
 
 @pytest.mark.parametrize("api", ["new_stream", "new_event"])

@@ -336,8 +336,8 @@ def test_userstreams_on_cpu_makes_no_backward_events_and_binds_no_backward() -> 
     report = torch_userstreams.explain(two_streams, x, w, backend="userstreams")
     (table,) = report.tables
     requested = [e for e in table.entries if e.phase is Phase.BACKWARD]
-    assert requested and not any(e.loaded for e in requested)
-    assert not table.backward_bound
+    assert requested and not any(table.loads(e.index) for e in requested)
+    assert table.plan is not None and not table.plan.backward_bound
     assert "added by backward_syncs) (unused: not loaded)" in str(report)
     compiled = torch.compile(two_streams, backend="userstreams")
     out = compiled(x, w)
@@ -347,16 +347,18 @@ def test_userstreams_on_cpu_makes_no_backward_events_and_binds_no_backward() -> 
 
 
 def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load() -> None:
-    """The prologue is decided when the frame's compile ends; a backward compiled later that
+    """The load plan is made when the frame's compile ends; a backward compiled later that
     read a skipped object, or read any while calls hand it no binding, would find nothing."""
-    from torch_userstreams.compile.prologue import skip_unread_requests
-    from torch_userstreams.compile.table import EntryKind, UserObjectTable
+    from torch_userstreams.compile.graph_compile import GraphCompile
+    from torch_userstreams.compile.load_plan import plan_loads, report_reads
+    from torch_userstreams.compile.table import EntryKind, Reader, UserObjectTable
     from torch_userstreams.errors import UserObjectError
     from torch_userstreams.simulator import SimEvent
 
-    table = UserObjectTable("g")
+    compile_ = GraphCompile(UserObjectTable("g"))
+    table = compile_.table
     table.add(EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test")
-    table.add(
+    event = table.add(
         EntryKind.REQUESTED,
         "a sync event",
         lambda cg: None,
@@ -364,21 +366,26 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
         added_by="test",
         phase=Phase.BACKWARD,
     )
-    table.note_run_time_reads({0}, backward=False)  # the forward, compiled first
-    skip_unread_requests(table, used={0})
-    assert [e.loaded for e in table.entries] == [True, False]
-    assert table.backward_bound  # the forward reads the stream: the calls bind
-    table.note_run_time_reads(set(), backward=True)  # reads nothing: fine
+    table.entries[event].reader = Reader.ADDED_NODES  # only the pass's sync nodes read it
+    report_reads(compile_, {0}, backward=False)  # the forward, compiled first
+    assert compile_.reported_reads == {0}
+    table.plan = plan_loads(table, {0}, compile_.reported_reads)
+    assert [table.loads(e.index) for e in table.entries] == [True, False]
+    assert table.plan.backward_bound  # the forward reads the stream: the calls bind
+    report_reads(compile_, set(), backward=True)  # reads nothing: fine
+    assert compile_.reported_reads == {0}, "the plan is made: later reports change nothing"
     with pytest.raises(UserObjectError, match=r"backward of graph g, compiled after .* 1 "):
-        table.note_run_time_reads({1}, backward=True)
+        report_reads(compile_, {1}, backward=True)
 
-    unbound = UserObjectTable("h")
-    unbound.add(EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test")
-    unbound.note_run_time_reads(set(), backward=False)
-    skip_unread_requests(unbound, used={0})
-    assert not unbound.backward_bound
+    unbound = GraphCompile(UserObjectTable("h"))
+    unbound.table.add(
+        EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test"
+    )
+    report_reads(unbound, set(), backward=False)
+    unbound.table.plan = plan_loads(unbound.table, {0}, unbound.reported_reads)
+    assert not unbound.table.plan.backward_bound
     with pytest.raises(UserObjectError, match=r"backward of graph h, .* reads user object\(s\) 0"):
-        unbound.note_run_time_reads({0}, backward=True)
+        report_reads(unbound, {0}, backward=True)
 
 
 def stage_two(

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 import torch_userstreams
 from torch_userstreams.backends.capture_rules import Rule, Violation, capture_violations
-from torch_userstreams.compile.table import EntryKind, UserObjectTable
+from torch_userstreams.compile.table import EntryKind, Reader, UserObjectTable
 from torch_userstreams.fx.meta import host_tensors_as, set_stream
 from torch_userstreams.run.own_ops import sync_op
 from torch_userstreams.testing import programs, strategies
@@ -49,6 +49,7 @@ def table() -> UserObjectTable:
         EntryKind.GRAPH_CREATED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="dynamo"
     )
     made.add(EntryKind.REQUESTED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="a pass")
+    made.entries[PASS_MADE].reader = Reader.ADDED_NODES  # only the pass's sync nodes read it
     return made
 
 
@@ -222,14 +223,14 @@ def test_an_event_recorded_and_waited_inside_or_made_by_the_graph_stays_inside()
 
 def test_an_event_a_pass_made_stays_inside_unless_the_backend_reads_it() -> None:
     """A requested event is made fresh each call; one its requester reads outside the graph
-    (``read_by_requester``) is held outside, like an input."""
+    (``Reader.CODE``) is held outside, like an input."""
     g = Graph()
     g.sync("record_event", PASS_MADE, CURRENT)
     assert g.check() == []
     read = Graph()
     read.sync("record_event", PASS_MADE, CURRENT)
     with_reader = table()
-    with_reader.entries[PASS_MADE].read_by_requester = True
+    with_reader.entries[PASS_MADE].reader = Reader.CODE
     assert [v.rule for v in read.check(with_reader)] == [Rule.OUTSIDE_EVENT]
 
 

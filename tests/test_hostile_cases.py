@@ -127,9 +127,9 @@ def _no_binding_where_nothing_reads_it(v: torch.Tensor) -> None:
     program order): the events the passes requested for the backward's syncs are not made,
     and the call leaves no binding on its nodes, since its backward reads none."""
     binding = last_binding()
-    entries = bindings.graph_of(binding).table.entries
-    requested = [e for e in entries if e.phase is Phase.BACKWARD]
-    assert requested and not any(e.loaded for e in requested)
+    table = bindings.graph_of(binding).table
+    requested = [e for e in table.entries if e.phase is Phase.BACKWARD]
+    assert requested and not any(table.loads(e.index) for e in requested)
     assert all(bindings.objects_of(binding)[e.index] is None for e in requested)
     with pytest.raises(AssertionError, match="no binding on the call's autograd nodes"):
         binding_on(v)

@@ -10,7 +10,7 @@ import torch._functorch._aot_autograd.streams
 import torch.fx
 
 from torch_userstreams.compile.graph_compile import GraphCompile
-from torch_userstreams.compile.table import EntryKind, Phase
+from torch_userstreams.compile.table import EntryKind, Phase, Reader
 from torch_userstreams.fx.meta import records, set_stream, stream_of
 from torch_userstreams.passes import (
     backward_phase,
@@ -193,7 +193,7 @@ def test_backward_syncs_name_the_current_stream_for_unannotated_nodes(
     run(backward_syncs.PASS, gm, compile_)
     (record,) = syncs(gm, ops.streams.record_event.default)
     current = compile_.table.entries[record.args[1]]
-    assert current.origin == "current stream of cpu" and current.always_loaded
+    assert current.origin == "current stream of cpu" and current.reader is Reader.ADDED_NODES
 
 
 def test_backward_syncs_order_the_current_stream_at_the_graphs_edges(

@@ -13,7 +13,7 @@ from typing import Any
 
 from .compile import factories, graph_compile
 from .compile.graph_compile import GraphCompile
-from .compile.table import Phase
+from .compile.table import Phase, Reader
 from .run.lookup import lookup
 
 __all__ = ["current_stream", "lookup", "new_event", "new_stream"]
@@ -45,10 +45,10 @@ def request_event(
     *,
     added_by: str,
     phase: Phase,
-    graph_nodes_only: bool = False,
+    read_by: Reader = Reader.CODE,
 ) -> int:
-    """An event for ``compile_``'s graph, made fresh on each call (``graph_nodes_only``:
-    see ``GraphCompile.new_event``)."""
+    """An event for ``compile_``'s graph, made fresh on each call (``read_by``: see
+    ``GraphCompile.new_event``)."""
     resolved = factories.resolve_device(device)
     text = _call_text("torch.Event", {"device": device, **{k: v or None for k, v in flags.items()}})
     return compile_.new_event(
@@ -57,7 +57,7 @@ def request_event(
         added_by=added_by,
         phase=phase,
         text=text,
-        graph_nodes_only=graph_nodes_only,
+        read_by=read_by,
     )
 
 

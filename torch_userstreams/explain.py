@@ -68,7 +68,7 @@ class ExplainReport:
                             "type": entry.example_type,
                             "origin": entry.origin,
                             "added_by": entry.added_by,
-                            "loaded": entry.loaded,
+                            "loaded": table.loads(entry.index),
                         }
                         for entry in table.entries
                     ],
@@ -87,7 +87,7 @@ def prologue_python(table: UserObjectTable) -> str | None:
     if not table.prologue_listing:
         return None
     names = [
-        f"[{entry.index}] {entry.origin}" + ("" if entry.loaded else " (not loaded)")
+        f"[{entry.index}] {entry.origin}" + ("" if table.loads(entry.index) else " (not loaded)")
         for entry in table.entries
     ]
     return as_python(table.prologue_listing, names)

@@ -119,7 +119,7 @@ def userstreams_backend(
             inner = tagged(compile_fx_inner)
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
         return compile_fx_with_regions(
-            gm, example_inputs, compile_.table, on_graph=on_graph, config_patches=patches
+            gm, example_inputs, compile_, on_graph=on_graph, config_patches=patches
         )
 
 

@@ -276,8 +276,7 @@ class _Capture:
         if not (isinstance(event, int) and 0 <= event < len(entries)):
             return False
         entry = entries[event]
-        package_made = entry.kind is EntryKind.REQUESTED and not entry.read_by_requester
-        return entry.kind is EntryKind.GRAPH_CREATED or package_made
+        return entry.kind is EntryKind.GRAPH_CREATED or entry.made_for_the_package
 
     def line(self, node: torch.fx.Node) -> str | None:
         """The user's line that made ``node`` (a sync inside a ``control_deps`` keeps it);

@@ -30,8 +30,10 @@ import torch
 import torch.fx
 
 from ..compile import graph_compile
+from ..compile.graph_compile import GraphCompile
+from ..compile.load_plan import report_reads
 from ..compile.prologue import referenced_indices
-from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
+from ..compile.table import EntryKind, Reader, UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..fx.subgraphs import held_by
@@ -68,20 +70,21 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 class StreamRegionsCompiler:
     """An ``inner_compile`` for ``compile_fx``: see the module docstring.
 
-    The table is the graph's, captured when its backend ran (a backward may be compiled
+    The compile is the graph's, passed in when its backend ran (a backward may be compiled
     later, outside that compile).
     """
 
     def __init__(
         self,
-        table: UserObjectTable | None,
+        compile_: GraphCompile | None,
         compile_region: Compiler,
         on_graph: GraphHook | None = None,
     ) -> None:
-        self.table = table
+        self.compile_ = compile_
+        self.table = None if compile_ is None else compile_.table
         self.compile_region = compile_region
         self.on_graph = on_graph
-        self.cpu = all_on_cpu(table)
+        self.cpu = all_on_cpu(self.table)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
@@ -110,25 +113,25 @@ class StreamRegionsCompiler:
     def _table_requests(self, *, backward: bool) -> TableRequests | None:
         """New events and current streams for this graph's table while its backend compiles
         it (its prologue does not exist yet); None for a graph compiled later."""
-        compile_ = graph_compile.active_or_none()
-        if compile_ is None or compile_.table is not self.table:
+        compile_ = self.compile_
+        if compile_ is None or graph_compile.active_or_none() is not compile_:
             return None
 
         def make(device: torch.device) -> int:
             return new_event(compile_, device, added_by=REUSE_SYNCS, backward=backward)
 
         def load(device: torch.device) -> int:
-            return compile_.current_stream(device, added_by=REUSE_SYNCS, graph_nodes_only=True)
+            return compile_.current_stream(device, added_by=REUSE_SYNCS, read_by=Reader.ADDED_NODES)
 
         return TableRequests(make, load)
 
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
-        """On CPU every graph of the table is compiled here, so the table learns all that its
-        compiled code reads (usually nothing): the prologue then skips the events the passes
-        requested for syncs that were removed."""
-        if self.cpu and self.table is not None:
+        """On CPU every graph of the compile is compiled here, so the compile learns all that
+        its compiled code reads (usually nothing): the load plan then skips the events the
+        passes requested for syncs that were removed."""
+        if self.cpu and self.compile_ is not None:
             reads = set().union(*(referenced_indices(m.graph) for m in held_by(gm)))
-            self.table.note_run_time_reads(reads, backward=bool(kwargs.get("is_backward")))
+            report_reads(self.compile_, reads, backward=bool(kwargs.get("is_backward")))
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
@@ -198,15 +201,11 @@ def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
     """Whether a table index names an event the package's passes made for this graph: no
     user code records, waits, times or queries it, so ``split`` may hold its records back.
     An event a backend asked for through the public API may be read by the backend's own
-    code (``read_by_requester``): not one of them."""
+    code (``Reader.CODE``): not one of them."""
     requested = (
         set()
         if table is None
-        else {
-            entry.index
-            for entry in table.entries
-            if entry.kind is EntryKind.REQUESTED and not entry.read_by_requester
-        }
+        else {entry.index for entry in table.entries if entry.made_for_the_package}
     )
     return lambda index: index in requested
 
@@ -368,7 +367,7 @@ def _no_cudagraphs() -> Any:
 def compile_fx_with_regions(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
-    table: UserObjectTable | None,
+    compile_: GraphCompile | None,
     compile_region: Compiler | None = None,
     on_graph: GraphHook | None = None,
     config_patches: dict[str, Any] | None = None,
@@ -385,8 +384,8 @@ def compile_fx_with_regions(
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    inner = tagged(StreamRegionsCompiler(table, compile_region or compile_fx_inner, on_graph))
-    name = table.graph_name if table is not None else "<graph>"
+    inner = tagged(StreamRegionsCompiler(compile_, compile_region or compile_fx_inner, on_graph))
+    name = compile_.table.graph_name if compile_ is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
     with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
         return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=config_patches)

@@ -34,7 +34,7 @@ import torch
 from ..errors import NotCompilingError, UserObjectError
 from ..run.state import compile_in_progress, state
 from . import emitters, factories
-from .table import EntryKind, Phase, UserObjectTable
+from .table import EntryKind, Phase, Reader, UserObjectTable
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ class GraphCompile:
     _bound: weakref.ref[Any] | None = None
     returns_objects: bool = False  # the bytecode after the call returns one of its objects
     passes: list[PassResult] = field(default_factory=list)
+    # Every table index the backend's compiled graphs read at run time, where the backend
+    # knows them (``load_plan.report_reads``); None: any entry may be read.
+    reported_reads: set[int] | None = None
     # Dynamo's compile id of the frame this compile began for (``begin_frame``).
     frame_id: Any = None
 
@@ -116,7 +119,7 @@ class GraphCompile:
         if priority:
             kwargs["priority"] = priority
         cls = factories.stream_class(device)
-        return self._requested(cls, kwargs, text, added_by, phase, graph_nodes_only=False)
+        return self._requested(cls, kwargs, text, added_by, phase, Reader.CODE)
 
     def new_event(
         self,
@@ -126,15 +129,13 @@ class GraphCompile:
         added_by: str,
         phase: Phase,
         text: str,
-        graph_nodes_only: bool = False,
+        read_by: Reader = Reader.CODE,
     ) -> int:
-        """An event created fresh on each call, on ``device``, with ``flags`` set;
-        ``graph_nodes_only`` where only nodes the requester puts in the graphs read it."""
+        """An event created fresh on each call, on ``device``, with ``flags`` set; ``read_by``
+        ``Reader.ADDED_NODES`` where only nodes the requester puts in the graphs read it."""
         kwargs: dict[str, Any] = {"device": device, **{k: v for k, v in flags.items() if v}}
         cls = factories.event_class(device)
-        return self._requested(
-            cls, kwargs, text, added_by, phase, graph_nodes_only=graph_nodes_only
-        )
+        return self._requested(cls, kwargs, text, added_by, phase, read_by)
 
     def _requested(
         self,
@@ -143,8 +144,7 @@ class GraphCompile:
         text: str,
         added_by: str,
         phase: Phase,
-        *,
-        graph_nodes_only: bool,
+        read_by: Reader,
     ) -> int:
         _require_device(kwargs["device"], self.table.graph_name, added_by, text)
         factory = factories.constructor(cls, (), kwargs)
@@ -157,23 +157,23 @@ class GraphCompile:
             added_by=added_by,
             phase=phase,
         )
-        self.table.entries[index].read_by_requester = not graph_nodes_only
+        self.table.entries[index].reader = read_by
         return index
 
     def current_stream(
-        self, device: torch.device, *, added_by: str, graph_nodes_only: bool = False
+        self, device: torch.device, *, added_by: str, read_by: Reader = Reader.CODE
     ) -> int:
-        """The entry of ``device``'s ambient stream at each call, added once and always
-        loaded (a pass or backend reads it by index); ``graph_nodes_only`` where only nodes
-        the requester puts in the graphs read it."""
+        """The entry of ``device``'s ambient stream at each call, added once, built for the
+        requester's reads (``read_by``: ``Reader.ADDED_NODES`` where only nodes the requester
+        puts in the graphs read it)."""
         index = self.current_stream_entry(device, added_by=added_by)
         entry = self.table.entries[index]
-        entry.always_loaded = True
-        entry.read_by_requester |= not graph_nodes_only
+        entry.reader = max(entry.reader, read_by)
         return index
 
     def current_stream_entry(self, device: torch.device, *, added_by: str) -> int:
-        """Like ``current_stream``, loaded only if a node reads it (Dynamo's registration)."""
+        """Like ``current_stream``, built only if the traced graph reads it (Dynamo's
+        registration)."""
         entry = self.table.find_current_stream(device)
         if entry is not None:
             return entry.index

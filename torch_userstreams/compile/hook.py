@@ -23,6 +23,7 @@ from ..run.bound_graph import BoundGraph
 from ..run.state import state
 from . import graph_compile, method_syncs, prologue
 from .graph_compile import GraphCompile
+from .load_plan import plan_loads
 from .table import UserObjectTable
 
 log = logging.getLogger("torch_userstreams")
@@ -134,7 +135,8 @@ def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, Bo
     from torch._dynamo import disable
     from torch._dynamo.eval_frame import innermost_fn
 
-    bound = BoundGraph(innermost_fn(compiled), table, attach if table.backward_bound else None)
+    backward_bound = table.plan is None or table.plan.backward_bound
+    bound = BoundGraph(innermost_fn(compiled), table, attach if backward_bound else None)
     return disable(bound.run, reason="torch_userstreams: runs a compiled graph"), bound
 
 
@@ -148,9 +150,8 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
         table.release_examples()
     used = prologue.read_by(prologue.graphs_of(output_graph))
     _check_requested(used, table)
-    prologue.mark_loaded(table, used)
-    prologue.skip_unread_requests(table, used)
-    if not table.loads_any:
+    table.plan = plan_loads(table, used, compile_.reported_reads)
+    if not table.plan.loads_any:
         return result
     _check_no_specializations(output_graph, table)
     instructions = result[0] if isinstance(result, tuple) else result

@@ -22,7 +22,7 @@ from ..fx.subgraphs import held_by
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
 from . import emitters
-from .table import EntryKind, UserObjectTable
+from .table import UserObjectTable
 
 GRAPH_GLOBAL = "__userstreams_graph"
 THREAD_GLOBAL = "__userstreams_thread"
@@ -68,38 +68,6 @@ def read_by(graphs: list[Any]) -> set[int]:
     return set().union(*(referenced_indices(graph) for graph in graphs))
 
 
-def mark_loaded(table: UserObjectTable, used: set[int]) -> None:
-    """The ambient current stream Dynamo registers for every frame is loaded only if read
-    (``used``: the indices the graph and the subgraphs it calls read)."""
-    for entry in table.entries:
-        if entry.kind is EntryKind.CURRENT_STREAM and not entry.always_loaded:
-            entry.loaded = entry.index in used
-
-
-def skip_unread_requests(table: UserObjectTable, used: set[int]) -> None:
-    """Where the backend knows every index its compiled graphs read (``run_time_reads``),
-    an object only graph nodes read (a pass's sync event, not a backend's request) that
-    neither they nor the frame's graph read is not loaded: on CPU, the events of the syncs
-    ``userstreams`` removed would be made on every call for nothing. The table is sealed: a
-    graph compiled later is checked against what is loaded."""
-    table.sealed = True
-    if table.run_time_reads is None:
-        return
-    read = used | table.run_time_reads
-    for entry in table.entries:
-        if (
-            entry.kind in (EntryKind.REQUESTED, EntryKind.CURRENT_STREAM)
-            and not entry.read_by_requester
-            and entry.index not in read
-        ):
-            entry.loaded = False
-    # Unless its graphs or the backend's own code read an object, calls do not hand the
-    # backward their binding.
-    table.backward_bound = bool(table.run_time_reads) or any(
-        entry.loaded and entry.read_by_requester for entry in table.entries
-    )
-
-
 def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[Any]:
     """The prologue instructions for ``table``, leaving the call's binding for ``bound``."""
     from torch._dynamo.bytecode_transformation import create_instruction
@@ -112,7 +80,7 @@ def build(output_graph: Any, table: UserObjectTable, bound: BoundGraph) -> list[
 
     load_global(GRAPH_GLOBAL, bound)
     for entry in table.entries:
-        (entry.emit if entry.loaded else emitters.placeholder)(cg)
+        (entry.emit if table.loads(entry.index) else emitters.placeholder)(cg)
     cg.append_output(create_instruction("BUILD_TUPLE", arg=len(table.entries) + 1))
     load_global(THREAD_GLOBAL, state)
     cg.append_output(cg.create_load_attr("calls"))

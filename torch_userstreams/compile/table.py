@@ -12,11 +12,14 @@ import enum
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import UserObjectError
+
+if TYPE_CHECKING:
+    from .load_plan import LoadPlan
 
 # Emits bytecode that pushes the object for one call onto the stack (a Dynamo PyCodegen).
 Emitter = Callable[[Any], None]
@@ -29,6 +32,21 @@ class EntryKind(enum.Enum):
     GRAPH_CREATED = "graph-created"  # constructed by the user's function, fresh each call
     CURRENT_STREAM = "current-stream"  # the ambient current stream of a device
     REQUESTED = "requested"  # asked for by a backend or pass while compiling
+
+
+class Reader(enum.IntEnum):
+    """Who reads an entry at run time, which decides whether each call builds it (the
+    load plan, ``compile.load_plan``). Ordered: a later request can only raise it."""
+
+    # Dynamo's registration of the ambient current stream: built where the traced graph (or
+    # a subgraph it calls) reads it.
+    TRACED_GRAPH = 0
+    # Read only through sync nodes a pass or backend puts in the graphs: built unless the
+    # backend reported every index its compiled graphs read and this one is not among them.
+    ADDED_NODES = 1
+    # The frame's own object (an input, one the function creates) or one a backend or torch
+    # reads from its own code: always built.
+    CODE = 2
 
 
 class Phase(enum.Enum):
@@ -49,22 +67,21 @@ class Entry:
     example_type: str
     added_by: str = "dynamo"
     phase: Phase = Phase.FORWARD
-    # False for an ambient current stream no node reads: the prologue does not load it.
-    loaded: bool = True
-    # Loaded whether or not a node reads it: a backend or pass asked for it by index.
-    always_loaded: bool = False
-    # A backend (or torch) asked for it and may read it from its own code at run time, not
-    # only through nodes of the graphs: never left out of the prologue. The package's passes
-    # ask with ``graph_nodes_only``: their sync nodes are the only readers.
-    read_by_requester: bool = False
+    reader: Reader = Reader.CODE
     # The device of the object (a stream's or an event's), kept after the example is dropped.
     device: torch.device | None = None
     # The compile-time value (Dynamo runs lookup nodes on it while tracing); dropped by
     # ``release_examples`` once the graph is compiled, so the table owns no user object.
     example: Any = field(default=None, repr=False)
 
-    def describe(self) -> str:
-        flags = "" if self.loaded else " (unused: not loaded)"
+    @property
+    def made_for_the_package(self) -> bool:
+        """A request only the package's own sync nodes read: no user code records, waits,
+        times or queries it, and no backend code holds it."""
+        return self.kind is EntryKind.REQUESTED and self.reader is not Reader.CODE
+
+    def describe(self, loaded: bool = True) -> str:
+        flags = "" if loaded else " (unused: not loaded)"
         return (
             f"[{self.index}] {self.kind.value:<14} {self.phase.value:<8} "
             f"{self.example_type:<12} {self.origin}  (added by {self.added_by}){flags}"
@@ -80,22 +97,16 @@ class UserObjectTable:
         self.prologue_listing = ""  # filled when the prologue is generated
         # What the package's passes changed in this graph's FX graphs, as "pass: note".
         self.pass_notes: list[str] = []
-        # The indices the backend's compiled graphs read at run time, where it knows them:
-        # ``userstreams`` on CPU compiles graphs without streams or syncs, which read
-        # nothing. None: any entry may be read (``note_run_time_reads``).
-        self.run_time_reads: set[int] | None = None
-        # Set once the prologue is decided: a graph compiled later (a lazy backward) can
-        # only read what it loads, and a backward only if calls hand it their binding.
-        self.sealed = False
-        self.backward_bound = True
+        # Which entries each call builds, decided once when the prologue is generated
+        # (``compile.load_plan``); None until then.
+        self.plan: LoadPlan | None = None
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    @property
-    def loads_any(self) -> bool:
-        """Whether the prologue has anything to load (else the graph gets no prologue)."""
-        return any(entry.loaded for entry in self.entries)
+    def loads(self, index: int) -> bool:
+        """Whether each call builds entry ``index`` (all do until the plan is made)."""
+        return self.plan is None or index in self.plan.loaded
 
     def add(
         self,
@@ -132,23 +143,6 @@ class UserObjectTable:
             )
         )
         return index
-
-    def note_run_time_reads(self, reads: set[int], *, backward: bool) -> None:
-        """Record what a graph compiled for this table reads at run time; after the prologue
-        was decided, refuse one that reads an object the calls do not provide."""
-        self.run_time_reads = (self.run_time_reads or set()) | reads
-        if not self.sealed:
-            return
-        unloaded = sorted(i for i in reads if not 0 <= i < len(self) or not self.entries[i].loaded)
-        if unloaded or (backward and reads and not self.backward_bound):
-            missing = ", ".join(map(str, unloaded or sorted(reads)))
-            raise UserObjectError(
-                f"torch_userstreams: the {'backward' if backward else 'forward'} of graph "
-                f"{self.graph_name}, compiled after its prologue, reads user object(s) "
-                f"{missing} with its streams and syncs removed (CPU). The prologue was built "
-                "for graphs that read none, so the calls do not provide them. Compile this "
-                "function with backend='userstreams_aot_eager', and report the graph."
-            )
 
     def device(self, index: int) -> torch.device:
         """The device of the stream or event at ``index``."""
@@ -187,6 +181,7 @@ class UserObjectTable:
         origin = f"current stream of {device}"
         index = self.add(EntryKind.CURRENT_STREAM, origin, emit, example, added_by=added_by)
         self.entries[index].device = device  # the device asked for, even if the stream's differs
+        self.entries[index].reader = Reader.TRACED_GRAPH  # until someone asks for it
         return index
 
     def current_streams(self) -> dict[str, int]:
@@ -199,7 +194,7 @@ class UserObjectTable:
 
     def describe(self, *, pass_notes: bool = True) -> str:
         lines = [f"user objects of graph {self.graph_name}: {len(self.entries)}"]
-        lines.extend("  " + entry.describe() for entry in self.entries)
+        lines.extend("  " + entry.describe(self.loads(entry.index)) for entry in self.entries)
         if pass_notes and self.pass_notes:
             lines.append("what the passes did:")
             lines.extend("  " + note for note in self.pass_notes)

@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
+from ..compile.table import Reader
 from ..fx.meta import device_of, is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, made_by
 from ..fx.record_and_wait import insert_record, insert_record_and_wait, insert_wait
@@ -70,7 +71,7 @@ def _edge_event(
     device = compile_.table.device(stream)
     if device.type != device_of(value).type:
         return None
-    current = compile_.current_stream(device, added_by=NAME, graph_nodes_only=True)
+    current = compile_.current_stream(device, added_by=NAME, read_by=Reader.ADDED_NODES)
     if current == stream:
         return None
     return new_event(compile_, device, added_by=NAME, backward=True), current

@@ -7,7 +7,7 @@ import torch.fx
 
 from .. import api
 from ..compile.graph_compile import GraphCompile
-from ..compile.table import Phase
+from ..compile.table import Phase, Reader
 from ..errors import UnsupportedPathError
 from ..fx.meta import device_of, stream_of
 
@@ -17,7 +17,7 @@ def stream_index(node: torch.fx.Node, compile_: GraphCompile, added_by: str) -> 
     index = stream_of(node)
     if index is not None:
         return index
-    return compile_.current_stream(device_of(node), added_by=added_by, graph_nodes_only=True)
+    return compile_.current_stream(device_of(node), added_by=added_by, read_by=Reader.ADDED_NODES)
 
 
 def stream_device(node: torch.fx.Node, compile_: GraphCompile) -> torch.device:
@@ -67,5 +67,5 @@ def new_event(
     read it."""
     phase = Phase.BACKWARD if backward else Phase.FORWARD
     return api.request_event(
-        compile_, device, {}, added_by=added_by, phase=phase, graph_nodes_only=True
+        compile_, device, {}, added_by=added_by, phase=phase, read_by=Reader.ADDED_NODES
     )
