@@ -42,8 +42,7 @@ class PassResult:
     """What one pass did to one FX graph of this compile."""
 
     pass_name: str
-    changed: bool
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # one per change, in order: none when it changed nothing
 
 
 @dataclass(eq=False)

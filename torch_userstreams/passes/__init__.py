@@ -31,7 +31,7 @@ from . import (
     sync_ordering,
     write_backs,
 )
-from .contract import GraphPass, ensure, run_passes
+from .contract import Fact, GraphPass, ensure, run_passes
 
 
 def _has_streams(gm: torch.fx.GraphModule) -> bool:
@@ -79,11 +79,11 @@ def _is_joint(gm: torch.fx.GraphModule) -> bool:
 def sync_inference_deallocations(gm: torch.fx.GraphModule) -> None:
     """Sync a forward-only (inference) graph's deallocations, as a training graph's forward
     is: AOTAutograd calls none of the passes above on such a graph."""
-    ensure(gm, "backward reads synced")
+    ensure(gm, Fact.BACKWARD_READS_SYNCED)
     # Its events need a compile to hold them: export's decompositions reach this too.
     in_compile = graph_compile.active_or_none() is not None
     _run(gm, (write_backs.PASS, dealloc_syncs.PASS), in_compile and _has_streams(gm))
-    ensure(gm, "syncs complete")
+    ensure(gm, Fact.SYNCS_COMPLETE)
 
 
 def wrap_all_sync_nodes_with_control_deps(gm: torch.fx.GraphModule) -> None:

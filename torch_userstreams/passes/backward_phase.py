@@ -32,7 +32,7 @@ import torch.fx
 
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward, stream_of
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 
 NAME = "backward_phase"
 
@@ -92,4 +92,4 @@ def _rebuilt_forward_outputs(untagged: list[torch.fx.Node]) -> set[torch.fx.Node
     return rebuilt
 
 
-PASS = GraphPass(NAME, run, ensures=frozenset({"phases tagged"}))
+PASS = GraphPass(NAME, run, ensures=frozenset({Fact.PHASES_TAGGED}))

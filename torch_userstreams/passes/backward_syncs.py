@@ -35,7 +35,7 @@ from ..compile.table import Reader
 from ..fx.meta import device_of, is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, made_by
 from ..fx.record_and_wait import insert_record, insert_record_and_wait, insert_wait
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 from .devices import event_device, new_event, stream_index
 
 NAME = "backward_syncs"
@@ -183,7 +183,7 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 PASS = GraphPass(
     NAME,
     run,
-    requires=frozenset({"backward streams inherited", "accumulations placed"}),
-    ensures=frozenset({"backward reads synced"}),
+    requires=frozenset({Fact.BACKWARD_STREAMS_INHERITED, Fact.ACCUMULATIONS_PLACED}),
+    ensures=frozenset({Fact.BACKWARD_READS_SYNCED}),
     needs_compile=True,
 )

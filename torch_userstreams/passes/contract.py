@@ -8,6 +8,7 @@ compile, and in debug mode (``TORCH_USERSTREAMS_DEBUG=1``) lints the graph after
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +23,17 @@ FACTS = "torch_userstreams.facts"  # gm.meta key: the facts ensured on this grap
 DEBUG_ENV = "TORCH_USERSTREAMS_DEBUG"
 
 
+class Fact(enum.Enum):
+    """What holds on a joint graph once a pass ran: the order the passes depend on."""
+
+    PHASES_TAGGED = "phases tagged"  # each node says forward or backward
+    WRITE_BACKS_IN_PLACE = "write-backs in place"  # copies into mutated inputs placed
+    BACKWARD_STREAMS_INHERITED = "backward streams inherited"
+    ACCUMULATIONS_PLACED = "accumulations placed"  # gradient sums on their streams
+    BACKWARD_READS_SYNCED = "backward reads synced"  # each cross-stream read has its wait
+    SYNCS_COMPLETE = "syncs complete"  # memory reuse synced too: no sync is added after
+
+
 class PassContractError(UserStreamsError):
     """A pass ran before a pass it depends on."""
 
@@ -30,15 +42,15 @@ class PassContractError(UserStreamsError):
 class GraphPass:
     name: str
     run: Callable[[torch.fx.GraphModule, GraphCompile], list[str]]
-    requires: frozenset[str] = frozenset()
-    ensures: frozenset[str] = frozenset()
+    requires: frozenset[Fact] = frozenset()
+    ensures: frozenset[Fact] = frozenset()
     # Whether the pass requests objects of the graph's table: only then does it need a
     # compile in progress (AOTAutograd also runs the passes outside torch.compile, e.g. in
     # export's decompositions, where the others still apply).
     needs_compile: bool = False
 
 
-def facts_of(gm: torch.fx.GraphModule) -> set[str]:
+def facts_of(gm: torch.fx.GraphModule) -> set[Fact]:
     return gm.meta.setdefault(FACTS, set())  # type: ignore[no-any-return]
 
 
@@ -68,7 +80,8 @@ def run_passes(
         missing = graph_pass.requires - facts
         if missing:
             raise PassContractError(
-                f"torch_userstreams: pass {graph_pass.name} requires {sorted(missing)} on "
+                f"torch_userstreams: pass {graph_pass.name} requires "
+                f"{sorted(fact.value for fact in missing)} on "
                 f"graph {_name(compile_)}, which no earlier pass ensured. The passes ran out "
                 "of order: AOTAutograd's calling sequence changed for this torch."
             )
@@ -80,13 +93,13 @@ def run_passes(
         if debug:
             gm.graph.lint()
         facts |= graph_pass.ensures
-        compile_.record_pass(PassResult(graph_pass.name, bool(notes), tuple(notes)))
+        compile_.record_pass(PassResult(graph_pass.name, tuple(notes)))
 
 
 def _name(compile_: GraphCompile | None) -> str:
     return "<outside torch.compile>" if compile_ is None else compile_.table.graph_name
 
 
-def ensure(gm: torch.fx.GraphModule, *facts: str) -> None:
+def ensure(gm: torch.fx.GraphModule, *facts: Fact) -> None:
     """Facts that hold without a pass (a graph with nothing for it to do)."""
     facts_of(gm).update(facts)

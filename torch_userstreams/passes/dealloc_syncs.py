@@ -43,7 +43,7 @@ from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, is_view, made_by
 from ..fx.record_and_wait import insert_record_and_wait
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 from .devices import event_device, new_event, stream_index
 
 NAME = "dealloc_syncs"
@@ -167,7 +167,7 @@ def _insert_dealloc_sync(
 PASS = GraphPass(
     NAME,
     run,
-    requires=frozenset({"backward reads synced"}),
-    ensures=frozenset({"deallocations synced", "syncs complete"}),
+    requires=frozenset({Fact.BACKWARD_READS_SYNCED, Fact.WRITE_BACKS_IN_PLACE}),
+    ensures=frozenset({Fact.SYNCS_COMPLETE}),
     needs_compile=True,
 )

@@ -15,7 +15,7 @@ import torch.fx
 
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_gradient_accumulation, record, set_stream, stream_of
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 
 NAME = "grad_accumulation"
 
@@ -50,6 +50,6 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 PASS = GraphPass(
     NAME,
     run,
-    requires=frozenset({"backward streams inherited"}),
-    ensures=frozenset({"accumulations placed"}),
+    requires=frozenset({Fact.BACKWARD_STREAMS_INHERITED}),
+    ensures=frozenset({Fact.ACCUMULATIONS_PLACED}),
 )

@@ -12,7 +12,7 @@ import torch.fx
 
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import SEQ_NR, is_backward, record, set_stream, stream_of
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 
 NAME = "inherit_streams"
 
@@ -39,6 +39,6 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 PASS = GraphPass(
     NAME,
     run,
-    requires=frozenset({"phases tagged"}),
-    ensures=frozenset({"backward streams inherited"}),
+    requires=frozenset({Fact.PHASES_TAGGED}),
+    ensures=frozenset({Fact.BACKWARD_STREAMS_INHERITED}),
 )

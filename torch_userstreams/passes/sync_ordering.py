@@ -24,7 +24,7 @@ import torch.fx
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import IS_BACKWARD, PARTITIONER_TAG, is_backward, is_tangent, mark_phase, stream_of
 from ..fx.ops import is_sync_op, op_name
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 
 NAME = "sync_ordering"
 PIN_NAME = "pin_syncs"
@@ -226,12 +226,10 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
 PIN = GraphPass(
     PIN_NAME,
     pin_syncs,
-    requires=frozenset({"syncs complete", "phases tagged"}),
-    ensures=frozenset({"syncs pinned"}),
+    requires=frozenset({Fact.SYNCS_COMPLETE, Fact.PHASES_TAGGED}),
 )
 WRAP = GraphPass(
     NAME,
     wrap_syncs,
-    requires=frozenset({"syncs complete"}),
-    ensures=frozenset({"syncs ordered"}),
+    requires=frozenset({Fact.SYNCS_COMPLETE}),
 )

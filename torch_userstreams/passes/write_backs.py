@@ -34,7 +34,7 @@ import torch.fx
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_backward, record
 from ..fx.ops import is_view
-from .contract import GraphPass
+from .contract import Fact, GraphPass
 
 NAME = "write_backs"
 COPY = torch.ops.aten.copy_.default
@@ -107,4 +107,4 @@ def _makes_new_buffers(node: torch.fx.Node) -> bool:
     return len(target._schema.returns) > 1
 
 
-PASS = GraphPass(NAME, run, ensures=frozenset({"write-backs in place"}))
+PASS = GraphPass(NAME, run, ensures=frozenset({Fact.WRITE_BACKS_IN_PLACE}))

@@ -1,0 +1,56 @@
+"""The passes' contract: typed facts, each ensured once and required by a later pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx
+
+from torch_userstreams.passes import (
+    backward_phase,
+    backward_syncs,
+    dealloc_syncs,
+    grad_accumulation,
+    inherit_streams,
+    sync_ordering,
+    write_backs,
+)
+from torch_userstreams.passes.contract import Fact, PassContractError, run_passes
+
+# The order AOTAutograd calls the package's entry points in, each pass in its entry's order.
+AOT_ORDER = [
+    backward_phase.PASS,
+    write_backs.PASS,
+    inherit_streams.PASS,
+    grad_accumulation.PASS,
+    backward_syncs.PASS,
+    dealloc_syncs.PASS,
+    sync_ordering.PIN,
+    sync_ordering.WRAP,
+]
+
+
+def test_in_aot_order_every_requirement_holds_and_every_fact_is_needed() -> None:
+    held: set[Fact] = set()
+    for graph_pass in AOT_ORDER:
+        assert graph_pass.requires <= held, graph_pass.name
+        assert not graph_pass.ensures & held, f"{graph_pass.name} ensures a fact again"
+        held |= graph_pass.ensures
+    assert held == set(Fact), "a fact no pass ensures"
+    required = set().union(*(p.requires for p in AOT_ORDER))
+    assert required == set(Fact), f"facts nothing requires: {set(Fact) - required}"
+
+
+def test_a_pass_run_before_what_it_requires_is_refused_by_fact_name() -> None:
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(PassContractError) as info:
+        run_passes(gm, [dealloc_syncs.PASS], None)
+    message = str(info.value)
+    assert "pass dealloc_syncs requires ['backward reads synced', 'write-backs in place']" in (
+        message
+    )
+    run_passes(gm, [backward_phase.PASS, write_backs.PASS], None)  # no compile needed
+    with pytest.raises(PassContractError, match=r"requires \['backward reads synced'\]"):
+        run_passes(gm, [dealloc_syncs.PASS], None)
