@@ -106,3 +106,40 @@ def test_each_layer_imports_only_from_the_layers_below_it() -> None:
             if imported in rank and rank[imported] > rank[layer]:
                 upward.add((layer, imported))
     assert upward == UPWARD_IMPORTS
+
+
+def _internals_section(title: str) -> str:
+    text = (ROOT / "docs" / "internals.md").read_text()
+    return text.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_the_call_walk_through_names_code_that_exists() -> None:
+    """Each ``layer.module.name`` the walk-through in docs/internals.md names is there."""
+    import importlib
+
+    section = _internals_section("One call, compile to backward")
+    names = set(re.findall(r"\b((?:run|compile|patch|passes|backends)\.[\w.]+\w)", section))
+    assert len(names) >= 8, names
+    for dotted in sorted(names):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(
+                    "torch_userstreams." + ".".join(parts[:cut])
+                )
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                assert hasattr(found, attr), f"docs/internals.md names {dotted}: no {attr}"
+                found = getattr(found, attr)
+            break
+        else:
+            raise AssertionError(f"docs/internals.md names {dotted}, which is not a module")
+
+
+def test_the_stage_table_names_files_that_exist() -> None:
+    section = _internals_section("Where each stage of a graph's compile lives")
+    paths = re.findall(r"`(\w+/[\w/]*\.py|\w+/)`", section)
+    assert len(paths) >= 8, paths
+    for path in paths:
+        assert (ROOT / "torch_userstreams" / path).exists(), f"docs/internals.md: {path}"
