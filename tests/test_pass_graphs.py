@@ -174,8 +174,8 @@ forward:
 input primals_1
 input primals_2
 mul = mul.Tensor(primals_1, primals_2)  @stream 0
-streams.record_event(2, 0)
-streams.wait_event(2, 1)
+streams.record_event(2, 0)  # pin_syncs
+streams.wait_event(2, 1)  # pin_syncs
 cos = cos(mul)  @stream 1
 mul_1 = mul.Tensor(cos, primals_2)  @stream 1
 sum_1 = sum(mul_1)

@@ -89,10 +89,10 @@ class StreamRegionsCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
-        if not self.cpu and self.table is not None and has_stream_work(gm):
+        if not self.cpu and self.compile_ is not None and has_stream_work(gm):
             requests = self._table_requests(backward=bool(kwargs.get("is_backward")))
-            for note in resync_reuse(gm, self.table, requests):
-                log.debug("torch_userstreams: graph %s: %s", self.table.graph_name, note)
+            notes = resync_reuse(gm, self.compile_.table, requests)
+            self.compile_.record_pass(REUSE_SYNCS, notes)  # explain() shows them
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         check_graph(gm, self.table, "backward" if kwargs.get("is_backward") else "forward")

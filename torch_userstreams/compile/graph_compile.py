@@ -37,14 +37,6 @@ from . import emitters, factories
 from .table import EntryKind, Phase, Reader, UserObjectTable
 
 
-@dataclass(frozen=True)
-class PassResult:
-    """What one pass did to one FX graph of this compile."""
-
-    pass_name: str
-    notes: tuple[str, ...] = ()  # one per change, in order: none when it changed nothing
-
-
 @dataclass(eq=False)
 class GraphCompile:
     """The state of one graph's compile (see the module docstring)."""
@@ -58,7 +50,6 @@ class GraphCompile:
     # owns it, and a finished compile waits on the stack until the next frame starts.
     _bound: weakref.ref[Any] | None = None
     returns_objects: bool = False  # the bytecode after the call returns one of its objects
-    passes: list[PassResult] = field(default_factory=list)
     # Every table index the backend's compiled graphs read at run time, where the backend
     # knows them (``load_plan.report_reads``); None: any entry may be read.
     reported_reads: set[int] | None = None
@@ -97,9 +88,10 @@ class GraphCompile:
         """The compile-time object at ``index`` (what a lookup returns while compiling)."""
         return self.table.example(index)
 
-    def record_pass(self, result: PassResult) -> None:
-        self.passes.append(result)
-        self.table.pass_notes.extend(f"{result.pass_name}: {note}" for note in result.notes)
+    def record_pass(self, pass_name: str, notes: list[str]) -> None:
+        """What a pass changed, for ``explain()`` once the graphs are gone: each note is the
+        record the pass left on the node it names (``fx.meta.record``)."""
+        self.table.pass_notes.extend(f"{pass_name}: {note}" for note in notes)
 
     def mark_returns_objects(self) -> None:
         """The bytecode after the call returns one of its objects: keep the call's binding

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward, stream_of
+from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward, record, stream_of
 from .contract import Fact, GraphPass
 
 NAME = "backward_phase"
@@ -55,10 +55,11 @@ def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             node.meta[PARTITIONER_TAG] = IS_FORWARD
             last_forward.append(node)  # back into the forward, in order: reads only it
             last_forward = node
-            notes.append(f"rebuilds a forward output: moved into the forward [{node.name}]")
+            note = record(node, NAME, "rebuilds a forward output: moved into the forward")
+            notes.append(f"{note.note} [{node.name}]")
         else:
             node.meta[PARTITIONER_TAG] = IS_BACKWARD
-            notes.append(f"traced in a custom backward [{node.name}]")
+            notes.append(f"{record(node, NAME, 'traced in a custom backward').note} [{node.name}]")
     return notes
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from ..compile.graph_compile import GraphCompile, PassResult
+from ..compile.graph_compile import GraphCompile
 from ..errors import NotCompilingError, UserStreamsError
 from ..fx.meta import drop_leaked_stream_annotation
 
@@ -93,7 +93,7 @@ def run_passes(
         if debug:
             gm.graph.lint()
         facts |= graph_pass.ensures
-        compile_.record_pass(PassResult(graph_pass.name, tuple(notes)))
+        compile_.record_pass(graph_pass.name, notes)
 
 
 def _name(compile_: GraphCompile | None) -> str:

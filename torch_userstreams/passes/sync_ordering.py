@@ -22,7 +22,15 @@ import torch
 import torch.fx
 
 from ..compile.graph_compile import GraphCompile
-from ..fx.meta import IS_BACKWARD, PARTITIONER_TAG, is_backward, is_tangent, mark_phase, stream_of
+from ..fx.meta import (
+    IS_BACKWARD,
+    PARTITIONER_TAG,
+    is_backward,
+    is_tangent,
+    mark_phase,
+    record,
+    stream_of,
+)
 from ..fx.ops import is_sync_op, op_name
 from .contract import Fact, GraphPass
 
@@ -172,7 +180,8 @@ def pin_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
             before = node.meta.get(PARTITIONER_TAG)
             mark_phase(node, is_backward(node))
             if node.meta[PARTITIONER_TAG] != before:
-                notes.append(f"kept in the {node.meta[PARTITIONER_TAG]} graph [{node.name}]")
+                note = record(node, PIN_NAME, f"kept in the {node.meta[PARTITIONER_TAG]} graph")
+                notes.append(f"{note.note} [{node.name}]")
     return notes
 
 
@@ -203,7 +212,8 @@ def wrap_syncs(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
                 recorded = _wrap_sync_node(gm, node, deps, visited)[0]
                 _keep_in_phase(recorded, backward)
                 _saved_not_recomputed(recorded)
-                notes.append(f"{node.name} after {len(deps)} node(s) [{recorded.name}]")
+                note = record(recorded, NAME, f"{node.name} after {len(deps)} node(s)")
+                notes.append(f"{note.note} [{recorded.name}]")
             if node.target is torch.ops.streams.wait_event.default:
                 waits[(backward, node.args[1])] = recorded
             if node.target is torch.ops.streams.record_event.default:
