@@ -2,7 +2,8 @@
 
 Every entry of the table says who reads it (``table.Reader``). When the backend has
 returned, the plan is made from that, from the indices Dynamo's traced graph reads, and from
-the indices the backend's compiled graphs reported reading (``GraphCompile.report_reads``),
+the indices the backend's compiled graphs reported reading (``report_reads``, kept on the
+compile),
 and stored on the table. Nothing changes it afterwards: a graph compiled later (a lazy
 backward) is checked against it (``check_later_graph``), since the calls only build what
 it loads.
@@ -10,24 +11,9 @@ it loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import UserObjectError
 from .graph_compile import GraphCompile
-from .table import EntryKind, Reader, UserObjectTable
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    """The indices each call builds; whether calls hand their binding to the backward."""
-
-    loaded: frozenset[int]
-    backward_bound: bool
-
-    @property
-    def loads_any(self) -> bool:
-        """Whether the prologue has anything to build (else the graph gets none)."""
-        return bool(self.loaded)
+from .table import EntryKind, LoadPlan, Reader, UserObjectTable
 
 
 def plan_loads(

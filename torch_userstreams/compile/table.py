@@ -12,14 +12,11 @@ import enum
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import UserObjectError
-
-if TYPE_CHECKING:
-    from .load_plan import LoadPlan
 
 # Emits bytecode that pushes the object for one call onto the stack (a Dynamo PyCodegen).
 Emitter = Callable[[Any], None]
@@ -86,6 +83,20 @@ class Entry:
             f"[{self.index}] {self.kind.value:<14} {self.phase.value:<8} "
             f"{self.example_type:<12} {self.origin}  (added by {self.added_by}){flags}"
         )
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The indices each call builds; whether calls hand their binding to the backward.
+    Made once, when the backend returned (``compile.load_plan``)."""
+
+    loaded: frozenset[int]
+    backward_bound: bool
+
+    @property
+    def loads_any(self) -> bool:
+        """Whether the prologue has anything to build (else the graph gets none)."""
+        return bool(self.loaded)
 
 
 class UserObjectTable:
