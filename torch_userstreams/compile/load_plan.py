@@ -3,10 +3,9 @@
 Every entry of the table says who reads it (``table.Reader``). When the backend has
 returned, the plan is made from that, from the indices Dynamo's traced graph reads, and from
 the indices the backend's compiled graphs reported reading (``report_reads``, kept on the
-compile),
-and stored on the table. Nothing changes it afterwards: a graph compiled later (a lazy
-backward) is checked against it (``check_later_graph``), since the calls only build what
-it loads.
+compile), and stored on the table. Nothing changes it afterwards: a graph compiled later (a
+lazy backward) is checked against it (``check_later_graph``), since the calls only build
+what it loads.
 """
 
 from __future__ import annotations
