@@ -458,3 +458,51 @@ def _stage_two_grads(leaf: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     a, v = stage_two(x2 * 1, w2, SimStream(device="cpu"))
     (a + v.sum()).backward()
     return [x2.grad, w2.grad]  # type: ignore[list-item]
+
+
+def test_a_backward_run_inside_another_nodes_apply_is_named_by_the_engine() -> None:
+    """``backward_binding`` walks out to the first ``apply`` frame, but stops where Python
+    entered the engine: a pre-hook of a node that a backward inside another node's
+    ``apply`` runs belongs to that inner node, not to the outer ``apply``."""
+    from torch_userstreams.run.backward import BINDING_ATTR, backward_binding
+
+    seen: list[object] = []
+
+    class Inner(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            seen.append(("inner apply", backward_binding()))
+            return grad * 2
+
+    class Outer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            seen.append(("outer apply", backward_binding()))
+            y = torch.ones(2, requires_grad=True)
+            with torch.enable_grad():  # a backward runs without grad mode
+                inner = Inner.apply(y)
+                setattr(inner.grad_fn, BINDING_ATTR, "inner call")
+                inner.grad_fn.register_prehook(
+                    lambda g: seen.append(("pre-hook", backward_binding()))
+                )
+                (found,) = torch.autograd.grad(inner.sum(), y)
+            return grad * found
+
+    x = torch.ones(2, requires_grad=True)
+    out = Outer.apply(x)
+    setattr(out.grad_fn, BINDING_ATTR, "outer call")
+    out.sum().backward()
+    assert seen == [
+        ("outer apply", "outer call"),
+        ("pre-hook", "inner call"),
+        ("inner apply", "inner call"),
+    ]
+    assert backward_binding() is None  # outside any backward

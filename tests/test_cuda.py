@@ -73,7 +73,7 @@ def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]
 
         return spied
 
-    monkeypatch.setattr(plan, "running_node_binding", spy(backward.running_node_binding))
+    monkeypatch.setattr(plan, "backward_binding", spy(backward.backward_binding))
     monkeypatch.setattr(lookup_module, "backward_binding", spy(backward.backward_binding))
     yield seen
 

@@ -4,13 +4,12 @@ AOTAutograd runs a compiled graph's backward as one autograd node
 (``CompiledFunctionBackward``, a Python object); higher-order ops run eagerly (``torch.cond``,
 checkpointing) make Python nodes of their own. After a forward call that made autograd
 nodes (reached from its outputs, or from an input it mutated in place), we store the
-call's binding on every Python node the call made; while such a node runs, the autograd
-engine reports it as the thread's current node, which is where ``lookup`` finds the binding,
-whatever thread runs the backward, with no state to clean up if it fails. The package's own
-backward programs find theirs once per run, from the node whose ``apply`` frame runs them
-(``running_node_binding``), which is also right for a node the user applies directly. The
-nodes hold the binding, so the objects of the call (its inputs included) live exactly as
-long as its autograd graph, as in eager.
+call's binding on every Python node the call made; ``backward_binding`` finds the node
+that runs its caller (the innermost ``apply`` frame, or the engine's current node), whatever
+thread runs the backward, with no state to clean up if it fails. The package's own backward
+programs ask once per run; ``lookup`` asks for anything else. The nodes hold the binding,
+so the objects of the call (its inputs included) live exactly as long as its autograd
+graph, as in eager.
 
 Which nodes the call made: those whose autograd sequence number falls in the range the
 call used on this thread. The walk from the outputs stops at older nodes, so it never
@@ -83,14 +82,6 @@ def nodes_made(
         todo.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 
-def backward_binding() -> Binding | None:
-    """The binding of the forward call whose backward node runs now on this thread."""
-    node = _current_autograd_node()
-    if node is not None:
-        return getattr(node, BINDING_ATTR, None)
-    return running_node_binding()
-
-
 # The frames a Python autograd node runs in: ``apply`` (torch 2.11, and a node the user
 # applies directly) or ``apply_boxed`` (the engine, torch 2.12+). Compared by identity: a
 # code object hashes its constants, and code Dynamo generates can hold a dict.
@@ -99,22 +90,31 @@ _APPLY_CODES = tuple(
     for name in ("apply", "apply_boxed")
     if hasattr(BackwardCFunction, name)
 )
+# Where Python enters the autograd engine: below it, the engine runs the caller.
+_ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
 
 
-def running_node_binding() -> Binding | None:
-    """The binding on the innermost autograd node whose ``apply`` frame is on this thread's
-    stack: the node that runs the caller. That is the engine's current node, except for a
-    node the user applies directly (``out.grad_fn.apply(grad)``), outside the engine or
-    from a hook the engine runs for another node. The walk stops at the innermost apply
-    even when its node has no binding: an outer node's call is not the one running."""
+def backward_binding() -> Binding | None:
+    """The binding of the forward call whose backward runs the caller, found one way.
+
+    Walking out from the caller: the first autograd node's ``apply`` frame names the node
+    that runs it (the engine's, or one the user applies directly, even from a hook the
+    engine runs for another node); the walk stops there even when that node has no binding.
+    Reaching where Python entered the engine first (a hook, a pre-hook, a node of a backward
+    run inside another node's ``apply``), or no frame at all (the engine's device threads),
+    the engine runs the caller for its current node, which names it.
+    """
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
+        if code is _ENGINE_ENTRY:
+            break
         for apply_code in _APPLY_CODES:
             if code is apply_code:
                 return getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
         frame = frame.f_back  # type: ignore[assignment]
-    return None
+    node = _current_autograd_node()
+    return None if node is None else getattr(node, BINDING_ATTR, None)
 
 
 def attach(

@@ -18,7 +18,7 @@ from typing import Any
 import torch.autograd.profiler as profiler
 
 from ..observe import watcher
-from .backward import running_node_binding
+from .backward import backward_binding
 from .issue_syncs import diagnose
 from .launcher import failed_step, generate
 from .state import state
@@ -132,7 +132,7 @@ def bound_to_running_node(run: Callable[[list[Any]], Any]) -> Callable[[list[Any
     thread = state
 
     def run_backward(args: list[Any]) -> Any:
-        binding = running_node_binding()
+        binding = backward_binding()
         if binding is None:
             return run(args)
         calls = thread.calls
