@@ -50,6 +50,10 @@ class GraphCompile:
     # owns it, and a finished compile waits on the stack until the next frame starts.
     _bound: weakref.ref[Any] | None = None
     returns_objects: bool = False  # the bytecode after the call returns one of its objects
+    # How many more times each of Dynamo's stream variables (by id: it lives while its
+    # block is traced) was entered than its one native exit hook covers
+    # (``patch.stream_blocks``: a stream's block nested in its own).
+    reentered_streams: dict[int, int] = field(default_factory=dict)
     # Every table index the backend's compiled graphs read at run time, where the backend
     # knows them (``load_plan.report_reads``); None: any entry may be read.
     reported_reads: set[int] | None = None

@@ -21,13 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..compile import graph_compile
 from ..originals import carries
 from .replacements import source_name
 
 Handler = Callable[..., Any]
 GRAPH_BREAK_TYPE = "torch_userstreams: a stream entered again inside its own block"
-# How many more times a stream variable is entered than its one native exit hook covers.
-_REENTERED = "_torch_userstreams_reentered"
 
 
 def wrap_enter(native: Handler) -> Handler:
@@ -57,10 +56,11 @@ def wrap_exit(native: Handler) -> Handler:
     def exit(self: Any, tx: Any, *args: Any) -> Any:
         from torch._dynamo.variables import ConstantVariable
 
-        depth = getattr(self, _REENTERED, 0)
+        reentered = graph_compile.for_output_graph(tx.output).reentered_streams
+        depth = reentered.get(id(self), 0)
         if depth == 0:
             return native(self, tx, *args)
-        setattr(self, _REENTERED, depth - 1)
+        reentered[id(self)] = depth - 1
         tx.symbolic_stream_state.exit_stream()
         return ConstantVariable.create(None)
 
@@ -81,7 +81,8 @@ def _reenter(stream: Any, tx: Any) -> None:
     if tx.output.current_tracer.parent is not None:
         _graph_break(stream, "inside the body of a higher-order op (torch.cond, a region).")
     state.enter_stream(stream)
-    setattr(stream, _REENTERED, getattr(stream, _REENTERED, 0) + 1)
+    reentered = graph_compile.for_output_graph(tx.output).reentered_streams
+    reentered[id(stream)] = reentered.get(id(stream), 0) + 1
 
 
 def _graph_break(stream: Any, where: str) -> None:
