@@ -260,7 +260,7 @@ def install() -> None:
             _restore(done)
             raise
         _applied.extend(done)
-        native.set_installed(True)
+        native.set_fill_native_table(False)
 
 
 def _restore(done: list[tuple[Site, Any]]) -> None:
@@ -273,7 +273,7 @@ def uninstall() -> None:
     with _between_compiles():
         # Calls starting from now fill native's table as well; calls already running on
         # other threads finish on the package's lookup before it is unpatched.
-        native.set_installed(False)
+        native.set_fill_native_table(True)
         if not wait_for_calls_on_other_threads():
             log.warning(
                 "torch_userstreams: uninstall() went ahead while a compiled call on another "

@@ -139,7 +139,7 @@ def attach(
 
 def _feed_native_if_uninstalled(grad_outputs: Any) -> None:
     """After ``uninstall()``, native ops read native's table: give it this call's objects."""
-    if not native.installed:
+    if native.fill_native_table:
         binding = backward_binding()
         if binding is not None:
             native.feed(binding)

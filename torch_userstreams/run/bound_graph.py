@@ -87,7 +87,7 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         if binding is None or binding[0] is not bound:
             raise bound.unbound_call()
         calls.pending = None
-        if not native.installed:
+        if native.fill_native_table:
             native.feed(binding)
         outer = calls.current
         calls.current = binding

@@ -9,7 +9,9 @@ Two cases, both at the edge of ``install()``:
   native's table: a graph compiled while installed fills it with its call's objects
   (``feed``) before its forward, and before its backward (``backward.attach``).
 
-``installed`` is the one flag the per-call path reads (set by ``patch.install``).
+``fill_native_table`` is the one flag the per-call path reads: False while installed, True
+from the moment ``uninstall()`` begins (calls still running finish on the package's lookup,
+later ones need native's table). Whether the package is installed is ``patch.install``'s.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ class _Unloaded:
 
 
 _UNLOADED = _Unloaded()
-installed = False
+fill_native_table = True
 
 
-def set_installed(value: bool) -> None:
-    global installed
-    installed = value
+def set_fill_native_table(value: bool) -> None:
+    global fill_native_table
+    fill_native_table = value
 
 
 def _table() -> Any:
