@@ -46,6 +46,7 @@ from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
 from .regions import (
+    COPY_FACTORIES,
     Region,
     at_most_one_kernel,
     copy_factories_per_stream,
@@ -136,7 +137,9 @@ class StreamRegionsCompiler:
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
             _skip_cudagraphs(gm, self.table, backward=bool(kwargs.get("is_backward")))
-        copy_factories_per_stream(gm)
+        notes = copy_factories_per_stream(gm)
+        if self.compile_ is not None:
+            self.compile_.record_pass(COPY_FACTORIES, notes)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
         slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}

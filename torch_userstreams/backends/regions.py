@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
-from ..fx.meta import drop_stream, stream_of
+from ..fx.meta import drop_stream, record, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
 
@@ -160,26 +160,31 @@ def _copyable(target: object) -> bool:
     return torch.Tag.nondeterministic_seeded not in target.tags
 
 
-def copy_factories_per_stream(gm: torch.fx.GraphModule) -> int:
+COPY_FACTORIES = "factories_per_stream"
+
+
+def copy_factories_per_stream(gm: torch.fx.GraphModule) -> list[str]:
     """Give an unannotated factory read on several streams a copy per stream, each then run
     on its readers' stream (``runs_on``): Inductor makes one seeds tensor for every random
-    op of a graph, and random ops on two streams would read it with no sync. Returns the
-    number of copies."""
-    copies = 0
+    op of a graph, and random ops on two streams would read it with no sync. Returns a note
+    per copy (each also recorded on the copy)."""
+    notes = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.all_input_nodes or stream_of(node) is not None:
             continue
         if is_sync_op(node.target) or not _copyable(node.target):
             continue
-        for users in list(_users_by_stream(node).values())[1:]:
+        for stream, users in list(_users_by_stream(node).items())[1:]:
             with gm.graph.inserting_after(node):
                 copy = gm.graph.node_copy(node)
             for user in users:
                 user.replace_input_with(node, copy)
-            copies += 1
-    if copies:
+            on = "no stream block" if stream is None else f"stream {stream}"
+            why = f"a copy of {node.name} for its readers on {on}"
+            notes.append(f"{record(copy, COPY_FACTORIES, why).note} [{copy.name}]")
+    if notes:
         gm.recompile()
-    return copies
+    return notes
 
 
 Step = Region | SyncCall

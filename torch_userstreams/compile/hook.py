@@ -187,10 +187,13 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @carries(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
         compile_ = graph_compile.for_output_graph(self)
-        method_syncs.rewrite(self.graph, compile_.table)
+        notes = method_syncs.rewrite(self.graph, compile_.table)
         for module in prologue.subgraph_modules(self):  # a checkpointed body's syncs too
-            if method_syncs.rewrite(module.graph, compile_.table):
+            rewritten = method_syncs.rewrite(module.graph, compile_.table)
+            if rewritten:
                 module.recompile()
+            notes += rewritten
+        compile_.record_pass(method_syncs.NAME, notes)
         check_streams(self.graph, compile_.table)
         with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)

@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from ..errors import UnsupportedPathError
+from ..fx.meta import RECORDS, record
 from ..fx.ops import is_lookup
 from ..run.own_ops import sync_op
 from .table import UserObjectTable
@@ -28,9 +29,13 @@ _EVENT_METHODS = ("synchronize",)
 _UNSUPPORTED = ("record_event",)
 
 
-def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> int:
-    """Replace sync method calls on user objects by ops; returns how many were replaced."""
-    replaced = 0
+NAME = "method_syncs"
+
+
+def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> list[str]:
+    """Replace sync method calls on user objects by ops; returns a note per replacement
+    (each also recorded on the op that replaced the call)."""
+    notes = []
     for node in list(graph.nodes):
         if node.op != "call_method" or not node.args:
             continue
@@ -46,10 +51,12 @@ def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> int:
         with graph.inserting_before(node):
             new = graph.call_function(*op_and_args)
         new.meta = dict(node.meta)
+        new.meta.pop(RECORDS, None)  # the call's records are not the op's
+        note = record(new, NAME, f"{type(example).__name__}.{node.target}() as an op")
+        notes.append(f"{note.note} [{new.name}]")
         node.replace_all_uses_with(new)
         graph.erase_node(node)
-        replaced += 1
-    return replaced
+    return notes
 
 
 def _object_index(arg: Any) -> int | None:
