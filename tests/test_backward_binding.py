@@ -366,7 +366,7 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
         added_by="test",
         phase=Phase.BACKWARD,
     )
-    table.entries[event].reader = Reader.ADDED_NODES  # only the pass's sync nodes read it
+    assert table.entries[event].reader is Reader.ADDED_NODES  # a request: nodes read it
     report_reads(compile_, {0}, backward=False)  # the forward, compiled first
     assert compile_.reported_reads == {0}
     table.plan = plan_loads(table, {0}, compile_.reported_reads)
@@ -460,10 +460,28 @@ def _stage_two_grads(leaf: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     return [x2.grad, w2.grad]  # type: ignore[list-item]
 
 
-def test_a_backward_run_inside_another_nodes_apply_is_named_by_the_engine() -> None:
-    """``backward_binding`` walks out to the first ``apply`` frame, but stops where Python
-    entered the engine: a pre-hook of a node that a backward inside another node's
-    ``apply`` runs belongs to that inner node, not to the outer ``apply``."""
+def _run_engine_directly(out: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """A backward started on the engine itself, as Megatron's ``custom_backward`` does (no
+    ``torch.autograd`` frame in between)."""
+    engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+    (found,) = engine.run_backward(
+        (out,), (torch.ones_like(out),), False, False, (inputs,), True, False
+    )
+    return found  # type: ignore[no-any-return]
+
+
+def _autograd_grad(out: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    (found,) = torch.autograd.grad(out, inputs)
+    return found
+
+
+@pytest.mark.parametrize("run_backward", [_autograd_grad, _run_engine_directly])
+def test_a_backward_run_inside_another_nodes_apply_is_named_by_the_engine(
+    run_backward: Any,
+) -> None:
+    """A pre-hook of a node that a backward inside another node's ``apply`` runs belongs to
+    that inner node (the engine's current node), not to the outer ``apply`` frame, however
+    that backward was started; code inside each ``apply`` is named by its own node."""
     from torch_userstreams.run.backward import BINDING_ATTR, backward_binding
 
     seen: list[object] = []
@@ -493,7 +511,7 @@ def test_a_backward_run_inside_another_nodes_apply_is_named_by_the_engine() -> N
                 inner.grad_fn.register_prehook(
                     lambda g: seen.append(("pre-hook", backward_binding()))
                 )
-                (found,) = torch.autograd.grad(inner.sum(), y)
+                found = run_backward(inner.sum(), y)
             return grad * found
 
     x = torch.ones(2, requires_grad=True)

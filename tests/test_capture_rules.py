@@ -49,7 +49,6 @@ def table() -> UserObjectTable:
         EntryKind.GRAPH_CREATED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="dynamo"
     )
     made.add(EntryKind.REQUESTED, "torch.Event()", emit, FakeAcceleratorEvent(), added_by="a pass")
-    made.entries[PASS_MADE].reader = Reader.ADDED_NODES  # only the pass's sync nodes read it
     return made
 
 

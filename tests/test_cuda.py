@@ -64,9 +64,9 @@ def backward_bindings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Binding]
     one asks ``backward_binding``."""
     seen: list[Binding] = []
 
-    def spy(real: Callable[[], Binding | None]) -> Callable[[], Binding | None]:
-        def spied() -> Binding | None:
-            binding = real()
+    def spy(real: Callable[..., Binding | None]) -> Callable[..., Binding | None]:
+        def spied(**where: bool) -> Binding | None:
+            binding = real(**where)
             if binding is not None:
                 seen.append(binding)
             return binding

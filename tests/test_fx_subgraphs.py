@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.fx
 
@@ -55,6 +56,8 @@ def test_a_dotted_target_is_followed_and_a_missing_one_reads_none() -> None:
     assert attribute(gm, get_attr) is root.outer.inner
     get_attr.target = "outer.gone"
     assert attribute(gm, get_attr) is None
+    with pytest.raises(AttributeError, match="gone"):
+        attribute(gm, get_attr, required=True)
 
 
 def test_a_call_reads_its_graphs_once_each_and_inside_tuples() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from torch_userstreams.backends.regions import Region, copy_factories_per_stream, split
-from torch_userstreams.fx.meta import records, set_stream
+from torch_userstreams.fx.meta import record, records, set_stream
 
 ops = torch.ops.aten
 SIDE, MAIN = 0, None
@@ -88,13 +88,16 @@ def test_an_unannotated_factory_runs_on_its_users_stream() -> None:
     c = node(graph, ops.sub.Tensor, (x, shared), MAIN)
     graph.output((b, c))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    record(shared, "earlier_pass", "made here")
     assert copy_factories_per_stream(gm) == [
         "a copy of zeros_default for its readers on no stream block [zeros_default_1]"
     ]
     (copy,) = (n for n in gm.graph.nodes if n.name == "zeros_default_1")
     assert [str(r) for r in records(copy)] == [
-        "factories_per_stream: a copy of zeros_default for its readers on no stream block"
+        "earlier_pass: made here",
+        "factories_per_stream: a copy of zeros_default for its readers on no stream block",
     ]
+    assert [str(r) for r in records(shared)] == ["earlier_pass: made here"]
     assert regions(gm.graph) == [
         (SIDE, ["inductor_seeds", "zeros", "add", "mul"]),
         (MAIN, ["zeros", "sub"]),

@@ -38,7 +38,7 @@ def _callable(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., An
     if node.op == "call_method":
         return _method_caller(str(node.target))
     if node.op == "get_attr":
-        return _constant(attribute(gm, node))
+        return _constant(attribute(gm, node, required=True))
     raise NotImplementedError(
         f"torch_userstreams: the stream executor cannot run {node.op} node {node.name}; "
         "graphs from AOTAutograd have none."

@@ -33,7 +33,7 @@ import torch
 import torch.fx
 
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
-from ..fx.meta import drop_stream, record, stream_of
+from ..fx.meta import RECORDS, drop_stream, record, records, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
 
@@ -177,6 +177,7 @@ def copy_factories_per_stream(gm: torch.fx.GraphModule) -> list[str]:
         for stream, users in list(_users_by_stream(node).items())[1:]:
             with gm.graph.inserting_after(node):
                 copy = gm.graph.node_copy(node)
+            copy.meta[RECORDS] = records(node)  # its own list: node_copy shares the meta's
             for user in users:
                 user.replace_input_with(node, copy)
             on = "no stream block" if stream is None else f"stream {stream}"
@@ -523,7 +524,7 @@ def attributes(
     found: dict[str, Any] = {}
     for node in graph.nodes:
         if node.op == "get_attr":
-            value = attribute(gm, node)
+            value = attribute(gm, node, required=True)
             if isinstance(value, torch.fx.GraphModule):
                 value = without_streams(value, keep_syncs=keep_syncs)
             found[str(node.target)] = value

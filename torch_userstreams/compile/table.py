@@ -38,12 +38,21 @@ class Reader(enum.IntEnum):
     # Dynamo's registration of the ambient current stream: built where the traced graph (or
     # a subgraph it calls) reads it.
     TRACED_GRAPH = 0
-    # Read only through sync nodes a pass or backend puts in the graphs: built unless the
-    # backend reported every index its compiled graphs read and this one is not among them.
+    # Read only through sync nodes a pass or backend puts in the graphs: built where the
+    # traced graph reads it, or unless the backend reported every index its compiled graphs
+    # read and this one is not among them.
     ADDED_NODES = 1
     # The frame's own object (an input, one the function creates) or one a backend or torch
     # reads from its own code: always built.
     CODE = 2
+
+
+# Who reads an entry of each kind until a request says more: Dynamo's registration of the
+# ambient stream, and a request, are read through graph nodes; the frame's objects by code.
+_FIRST_READER = {
+    EntryKind.CURRENT_STREAM: Reader.TRACED_GRAPH,
+    EntryKind.REQUESTED: Reader.ADDED_NODES,
+}
 
 
 class Phase(enum.Enum):
@@ -64,7 +73,7 @@ class Entry:
     example_type: str
     added_by: str = "dynamo"
     phase: Phase = Phase.FORWARD
-    reader: Reader = Reader.CODE
+    reader: Reader = Reader.CODE  # ``UserObjectTable.add`` gives each kind its own
     # The device of the object (a stream's or an event's), kept after the example is dropped.
     device: torch.device | None = None
     # The compile-time value (Dynamo runs lookup nodes on it while tracing); dropped by
@@ -149,6 +158,7 @@ class UserObjectTable:
                 example_type=type(example).__name__,
                 added_by=added_by,
                 phase=phase,
+                reader=_FIRST_READER.get(kind, Reader.CODE),
                 device=_device_of(example),
                 example=example,
             )
@@ -192,7 +202,6 @@ class UserObjectTable:
         origin = f"current stream of {device}"
         index = self.add(EntryKind.CURRENT_STREAM, origin, emit, example, added_by=added_by)
         self.entries[index].device = device  # the device asked for, even if the stream's differs
-        self.entries[index].reader = Reader.TRACED_GRAPH  # until someone asks for it
         return index
 
     def current_streams(self) -> dict[str, int]:

@@ -22,12 +22,13 @@ import torch.fx
 from .control_deps import is_control_deps
 
 
-def attribute(gm: torch.nn.Module, node: torch.fx.Node) -> Any:
-    """What the ``get_attr`` node ``node`` reads from ``gm`` (its dotted target followed), or
-    None where ``gm`` has no such attribute."""
+def attribute(gm: torch.nn.Module, node: torch.fx.Node, *, required: bool = False) -> Any:
+    """What the ``get_attr`` node ``node`` reads from ``gm`` (its dotted target followed);
+    where ``gm`` has no such attribute, None, or ``AttributeError`` if ``required`` (code
+    that runs or copies the graph needs the value itself)."""
     value: Any = gm
     for part in str(node.target).split("."):
-        value = getattr(value, part, None)
+        value = getattr(value, part) if required else getattr(value, part, None)
     return value
 
 

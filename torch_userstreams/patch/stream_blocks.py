@@ -55,12 +55,16 @@ def wrap_exit(native: Handler) -> Handler:
     @carries(native)
     def exit(self: Any, tx: Any, *args: Any) -> Any:
         from torch._dynamo.variables import ConstantVariable
+        from torch._dynamo.variables.streams import StreamVariable
 
+        if not isinstance(self, StreamVariable):
+            return native(self, tx, *args)
         reentered = graph_compile.for_output_graph(tx.output).reentered_streams
-        depth = reentered.get(id(self), 0)
+        depth = reentered.pop(id(self), 0)
         if depth == 0:
             return native(self, tx, *args)
-        reentered[id(self)] = depth - 1
+        if depth > 1:
+            reentered[id(self)] = depth - 1
         tx.symbolic_stream_state.exit_stream()
         return ConstantVariable.create(None)
 

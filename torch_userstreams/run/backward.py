@@ -5,7 +5,7 @@ AOTAutograd runs a compiled graph's backward as one autograd node
 checkpointing) make Python nodes of their own. After a forward call that made autograd
 nodes (reached from its outputs, or from an input it mutated in place), we store the
 call's binding on every Python node the call made; ``backward_binding`` finds the node
-that runs its caller (the innermost ``apply`` frame, or the engine's current node), whatever
+that runs its caller (the engine's current node, or the innermost ``apply`` frame), whatever
 thread runs the backward, with no state to clean up if it fails. The package's own backward
 programs ask once per run; ``lookup`` asks for anything else. The nodes hold the binding,
 so the objects of the call (its inputs included) live exactly as long as its autograd
@@ -90,31 +90,32 @@ _APPLY_CODES = tuple(
     for name in ("apply", "apply_boxed")
     if hasattr(BackwardCFunction, name)
 )
-# Where Python enters the autograd engine: below it, the engine runs the caller.
-_ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
 
 
-def backward_binding() -> Binding | None:
-    """The binding of the forward call whose backward runs the caller, found one way.
+def backward_binding(*, inside_apply: bool = False) -> Binding | None:
+    """The binding of the forward call whose backward runs the caller: the one place a
+    backward finds it.
 
-    Walking out from the caller: the first autograd node's ``apply`` frame names the node
-    that runs it (the engine's, or one the user applies directly, even from a hook the
-    engine runs for another node); the walk stops there even when that node has no binding.
-    Reaching where Python entered the engine first (a hook, a pre-hook, a node of a backward
-    run inside another node's ``apply``), or no frame at all (the engine's device threads),
-    the engine runs the caller for its current node, which names it.
+    Any caller (a lookup, a pre-hook) is named by the engine's current node; outside the
+    engine (a node the user applies directly), by the innermost autograd ``apply`` frame
+    on this thread's stack. A caller ``inside_apply`` (the package's backward programs,
+    which the node's own ``apply`` calls with no engine in between) is named by that frame
+    first: it is the node running them even when the user applies it directly from a hook
+    the engine runs for another node, where the engine's current node is that other one.
+    The walk stops at the innermost apply even when its node has no binding.
     """
+    if not inside_apply:
+        node = _current_autograd_node()
+        if node is not None:
+            return getattr(node, BINDING_ATTR, None)
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if code is _ENGINE_ENTRY:
-            break
         for apply_code in _APPLY_CODES:
             if code is apply_code:
                 return getattr(frame.f_locals.get("self"), BINDING_ATTR, None)
         frame = frame.f_back  # type: ignore[assignment]
-    node = _current_autograd_node()
-    return None if node is None else getattr(node, BINDING_ATTR, None)
+    return None
 
 
 def attach(

@@ -132,7 +132,7 @@ def bound_to_running_node(run: Callable[[list[Any]], Any]) -> Callable[[list[Any
     thread = state
 
     def run_backward(args: list[Any]) -> Any:
-        binding = backward_binding()
+        binding = backward_binding(inside_apply=True)
         if binding is None:
             return run(args)
         calls = thread.calls
