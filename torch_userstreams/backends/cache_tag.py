@@ -3,7 +3,7 @@
 Inductor's FX graph cache keys a graph by its code, not by its nodes' stream annotations,
 so a graph native Inductor compiled inside a ``with stream:`` block and the same ops
 without it share one entry: whichever compiled first serves the other, stream code and
-all. A stream-free graph of the package then failed with ``NameError: name 'stream1' is not
+all: a stream-free graph of the package would fail with ``NameError: name 'stream1' is not
 defined`` (and on an accelerator could run on a stream it never named). Every compile of
 the package's ``userstreams`` backend adds a tag to the cache keys, forward and (lazily
 compiled) backward alike, so only the package's own stream-free code can serve it.

@@ -3,7 +3,7 @@
 Dynamo resolves the missing stream to the top of its stack of entered streams. Native seeds
 that stack with the accelerator's current stream, so on a CPU-only machine it is empty
 outside a ``with stream:`` block, and tracing the most common spelling of a fork or join
-failed with ``IndexError: deque index out of range``. There, the package answers with the
+fails natively with ``IndexError: deque index out of range``. There, the package answers with the
 graph's CPU current-stream entry: CPU runs every op in program order, so the ambient CPU
 stream is the one eager means, and the executors and the race checker read it like any
 current stream.

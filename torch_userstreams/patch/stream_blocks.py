@@ -2,13 +2,13 @@
 
 * ``with stream as s:`` binds the stream. ``torch.Stream.__enter__`` returns the stream
   itself, but Dynamo traces a stream's block with the handler it shares with
-  ``torch.cuda.StreamContext`` (whose ``__enter__`` returns None), so the name was bound to
-  None: code that records on it failed far from the cause, and a function returning it
-  returned None, silently. A ``torch.cuda.stream(s)`` context still binds None, as in eager.
+  ``torch.cuda.StreamContext`` (whose ``__enter__`` returns None), so natively the name is
+  bound to None: code that records on it fails far from the cause, and a function returning
+  it returns None, silently. A ``torch.cuda.stream(s)`` context still binds None, as in eager.
 * ``with s:`` inside ``with s:`` (say, a module and the helper it calls both making sure
   they run on the side stream) runs on ``s``, as in eager. Dynamo keeps one exit hook per
-  stream variable, so entering the same one twice failed with ``AssertionError: multiple
-  exits?``. The inner block of the stream already current only pushes it on Dynamo's
+  stream variable, so natively entering the same one twice fails with ``AssertionError:
+  multiple exits?``. The inner block of the stream already current only pushes it on Dynamo's
   stream stack; its nodes carry the outer block's annotation, which names the same stream.
   Re-entering a stream while another one is current, or inside the body of a higher-order
   op (a ``torch.cond`` branch, a ``nested_compile_region``), breaks the graph with an

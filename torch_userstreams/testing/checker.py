@@ -83,8 +83,8 @@ def check_stream_safety(
         )
     if current_streams is None:
         current_streams = gm.meta.get(CURRENT_STREAMS_META, {})
-    # Keys are devices as str() writes them ("cpu", "cuda:0"); a torch.device key was
-    # silently never matched.
+    # Keys are devices as str() writes them ("cpu", "cuda:0"): a torch.device key given by
+    # the caller is turned into that form, or it would never match.
     current_streams = {_device_key(device): index for device, index in current_streams.items()}
     devices = gm.meta.get(STREAM_DEVICES_META, {})
     result = SafetyResult()
