@@ -560,16 +560,16 @@ def test_the_backward_compiles_with_its_forward_and_may_add_events(
     """``resync_reuse`` gets a maker of new events only while the backend compiles the
     graph (before its prologue exists). ``userstreams`` has AOTAutograd lower the backward
     with the forward, not lazily at its first run, so the backward gets one too."""
-    from torch_userstreams.backends import inductor_regions
+    from torch_userstreams.backends import reuse_syncs
 
     makers: list[bool] = []
-    real = inductor_regions.resync_reuse
+    real = reuse_syncs.resync_reuse
 
     def spy(gm: torch.fx.GraphModule, table: Any, requests: Any = None) -> list[str]:
         makers.append(requests is not None)
         return real(gm, table, requests)
 
-    monkeypatch.setattr(inductor_regions, "resync_reuse", spy)
+    monkeypatch.setattr(reuse_syncs, "resync_reuse", spy)
     x, w = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
     objects = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
     compiled = torch.compile(side_value_read_on_main, backend="userstreams")

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.fx
 
+from torch_userstreams.backends import regions, reuse_syncs
+from torch_userstreams.backends.inductor_regions import SPLIT_REQUIRES
 from torch_userstreams.passes import (
     backward_phase,
     backward_syncs,
@@ -15,7 +17,7 @@ from torch_userstreams.passes import (
     sync_ordering,
     write_backs,
 )
-from torch_userstreams.passes.contract import Fact, PassContractError, run_passes
+from torch_userstreams.passes.contract import Fact, GraphPass, PassContractError, run_passes
 
 # The order AOTAutograd calls the package's entry points in, each pass in its entry's order.
 AOT_ORDER = [
@@ -30,14 +32,25 @@ AOT_ORDER = [
 ]
 
 
-def test_in_aot_order_every_requirement_holds_and_every_fact_is_needed() -> None:
+# What runs on each forward or backward graph the backend compiles, before its region split.
+COMPILED_ORDER = [reuse_syncs.PASS, regions.FACTORIES_PASS]
+
+
+def _ensured_in_order(order: list[GraphPass]) -> set[Fact]:
     held: set[Fact] = set()
-    for graph_pass in AOT_ORDER:
+    for graph_pass in order:
         assert graph_pass.requires <= held, graph_pass.name
         assert not graph_pass.ensures & held, f"{graph_pass.name} ensures a fact again"
         held |= graph_pass.ensures
-    assert held == set(Fact), "a fact no pass ensures"
-    required = set().union(*(p.requires for p in AOT_ORDER))
+    return held
+
+
+def test_in_order_every_requirement_holds_and_every_fact_is_needed() -> None:
+    joint, compiled = _ensured_in_order(AOT_ORDER), _ensured_in_order(COMPILED_ORDER)
+    assert not joint & compiled
+    assert joint | compiled == set(Fact), "a fact no pass ensures"
+    assert SPLIT_REQUIRES == compiled, "the region split needs every compiled-graph fact"
+    required = set().union(*(p.requires for p in AOT_ORDER)) | SPLIT_REQUIRES
     assert required == set(Fact), f"facts nothing requires: {set(Fact) - required}"
 
 

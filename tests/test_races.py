@@ -192,7 +192,7 @@ CONTROLS = {
 def test_switching_off_a_sync_pass_makes_its_program_race(
     name: str, backend: str, gpu: FakeAcceleratorStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch_userstreams.backends import inductor_regions
+    from torch_userstreams.backends import reuse_syncs
 
     module, fn, grad, _ = CONTROLS[name]
     compiled = torch.compile(fn, backend=backend)
@@ -206,7 +206,7 @@ def test_switching_off_a_sync_pass_makes_its_program_race(
     torch._dynamo.reset()
     monkeypatch.setattr(module, "PASS", _without(module))
     if module is dealloc_syncs:
-        monkeypatch.setattr(inductor_regions, "resync_reuse", lambda *args: [])
+        monkeypatch.setattr(reuse_syncs, "resync_reuse", lambda *args: [])
     report = two_steps()
     assert not report, f"switching off {name} went unseen"
 

@@ -29,27 +29,27 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..compile import graph_compile
 from ..compile.graph_compile import GraphCompile
 from ..compile.load_plan import report_reads
 from ..compile.prologue import referenced_indices
-from ..compile.table import EntryKind, Reader, UserObjectTable, all_on_cpu
+from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
+from ..fx.meta import mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..passes import sync_inference_graph_in_backend
-from ..passes.devices import new_event
+from ..passes.contract import Fact, ensure, require, run_passes
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
+from . import reuse_syncs
 from .cache_tag import tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
 from .regions import (
-    COPY_FACTORIES,
+    FACTORIES_PASS,
     Region,
     at_most_one_kernel,
-    copy_factories_per_stream,
     has_side_effects,
     has_stream_work,
     kernels_launched,
@@ -58,14 +58,18 @@ from .regions import (
     syncs_in_subgraphs,
     without_streams,
 )
-from .reuse_syncs import NAME as REUSE_SYNCS
-from .reuse_syncs import TableRequests, resync_reuse
 from .subgraph_streams import construct_names
 
 log = logging.getLogger("torch_userstreams")
 
 Compiler = Callable[..., Any]
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
+
+
+# What each graph with stream work has had done before its region split, by the passes that
+# run on every such graph the backend compiles (``reuse_syncs.PASS``, then
+# ``regions.FACTORIES_PASS``).
+SPLIT_REQUIRES = frozenset({Fact.REUSE_RESYNCED, Fact.FACTORIES_PER_STREAM})
 
 
 class StreamRegionsCompiler:
@@ -90,10 +94,12 @@ class StreamRegionsCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
-        if not self.cpu and self.compile_ is not None and has_stream_work(gm):
-            requests = self._table_requests(backward=bool(kwargs.get("is_backward")))
-            notes = resync_reuse(gm, self.compile_.table, requests)
-            self.compile_.record_pass(REUSE_SYNCS, notes)  # explain() shows them
+        if not self.cpu and has_stream_work(gm):
+            mark_graph_phase(gm, backward=bool(kwargs.get("is_backward")))
+            if self.compile_ is None:
+                ensure(gm, Fact.REUSE_RESYNCED)  # no table: no event orders anything
+            else:
+                run_passes(gm, (reuse_syncs.PASS,), self.compile_)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         check_graph(gm, self.table, "backward" if kwargs.get("is_backward") else "forward")
@@ -111,21 +117,6 @@ class StreamRegionsCompiler:
                 return self.compile_region(stripped, example_inputs, **kwargs)
             return self.partitioned(gm, kwargs)
 
-    def _table_requests(self, *, backward: bool) -> TableRequests | None:
-        """New events and current streams for this graph's table while its backend compiles
-        it (its prologue does not exist yet); None for a graph compiled later."""
-        compile_ = self.compile_
-        if compile_ is None or graph_compile.active_or_none() is not compile_:
-            return None
-
-        def make(device: torch.device) -> int:
-            return new_event(compile_, device, added_by=REUSE_SYNCS, backward=backward)
-
-        def load(device: torch.device) -> int:
-            return compile_.current_stream(device, added_by=REUSE_SYNCS, read_by=Reader.ADDED_NODES)
-
-        return TableRequests(make, load)
-
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
         """On CPU every graph of the compile is compiled here, so the compile learns all that
         its compiled code reads (usually nothing): the load plan then skips the events the
@@ -137,9 +128,8 @@ class StreamRegionsCompiler:
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
             _skip_cudagraphs(gm, self.table, backward=bool(kwargs.get("is_backward")))
-        notes = copy_factories_per_stream(gm)
-        if self.compile_ is not None:
-            self.compile_.record_pass(COPY_FACTORIES, notes)
+        run_passes(gm, (FACTORIES_PASS,), self.compile_)
+        require(gm, SPLIT_REQUIRES, "the region split", self.compile_)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = {placeholders[i] for i in kwargs.get("static_input_idxs", ()) or ()}
         slots: dict[torch.fx.Node, int] = {n: i for i, n in enumerate(gm.graph.nodes)}

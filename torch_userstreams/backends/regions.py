@@ -36,6 +36,7 @@ from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthroug
 from ..fx.meta import RECORDS, drop_stream, record, records, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
+from ..passes.contract import Fact, GraphPass
 
 
 @dataclass(eq=False)
@@ -187,6 +188,12 @@ def copy_factories_per_stream(gm: torch.fx.GraphModule) -> list[str]:
         gm.recompile()
     return notes
 
+
+FACTORIES_PASS = GraphPass(
+    COPY_FACTORIES,
+    lambda gm, compile_: copy_factories_per_stream(gm),
+    ensures=frozenset({Fact.FACTORIES_PER_STREAM}),
+)
 
 Step = Region | SyncCall
 

@@ -34,13 +34,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from ..compile.table import UserObjectTable
+from ..compile import graph_compile
+from ..compile.graph_compile import GraphCompile
+from ..compile.table import Reader, UserObjectTable
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import alias_of, is_passthrough, sync_of
-from ..fx.meta import device_of
+from ..fx.meta import device_of, is_backward_graph
 from ..fx.ops import made_by, op_name, operands
 from ..fx.record_and_wait import insert_record_and_wait
-from ..passes.devices import host_ordered
+from ..passes.contract import Fact, GraphPass
+from ..passes.devices import host_ordered, new_event
 from .regions import runs_on
 
 NAME = "reuse_syncs"
@@ -184,6 +187,28 @@ def resync_reuse(
             ),
         )
     return notes
+
+
+def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    """``resync_reuse`` on one graph the backend compiles; while the backend still compiles
+    it (its prologue does not exist yet), the graph's table may take new objects."""
+    return resync_reuse(gm, compile_.table, _requests(compile_, backward=is_backward_graph(gm)))
+
+
+def _requests(compile_: GraphCompile, *, backward: bool) -> TableRequests | None:
+    if graph_compile.active_or_none() is not compile_:
+        return None  # compiled later (a lazy backward): the calls load only what they load
+
+    def make(device: torch.device) -> int:
+        return new_event(compile_, device, added_by=NAME, backward=backward)
+
+    def load(device: torch.device) -> int:
+        return compile_.current_stream(device, added_by=NAME, read_by=Reader.ADDED_NODES)
+
+    return TableRequests(make, load)
+
+
+PASS = GraphPass(NAME, run, ensures=frozenset({Fact.REUSE_RESYNCED}))
 
 
 def _stream_index(node: torch.fx.Node, table: UserObjectTable) -> int | None:

@@ -100,6 +100,19 @@ def is_gradient_accumulation(node: torch.fx.Node) -> bool:
     return bool(node.meta.get(GRADIENT_ACCUMULATION, False))
 
 
+# gm.meta key: whether a graph the backend compiles is a backward (AOTAutograd says so in
+# the compiler's arguments; the passes that run on each compiled graph read it here).
+BACKWARD_GRAPH = "torch_userstreams.backward_graph"
+
+
+def mark_graph_phase(gm: torch.fx.GraphModule, *, backward: bool) -> None:
+    gm.meta[BACKWARD_GRAPH] = backward
+
+
+def is_backward_graph(gm: torch.fx.GraphModule) -> bool:
+    return bool(gm.meta.get(BACKWARD_GRAPH, False))
+
+
 def mark_phase(node: torch.fx.Node, backward: bool) -> None:
     """Keep ``node`` in its phase's graph when partitioned. Forward syncs need it too: a sync
     names only table indices, so the partitioner would copy it into the backward graph (and

@@ -32,6 +32,9 @@ class Fact(enum.Enum):
     ACCUMULATIONS_PLACED = "accumulations placed"  # gradient sums on their streams
     BACKWARD_READS_SYNCED = "backward reads synced"  # each cross-stream read has its wait
     SYNCS_COMPLETE = "syncs complete"  # memory reuse synced too: no sync is added after
+    # On each forward or backward graph the backend compiles, before its region split:
+    REUSE_RESYNCED = "reuse resynced"  # reads Inductor's passes moved are synced again
+    FACTORIES_PER_STREAM = "factories per stream"  # no factory is read on two streams
 
 
 class PassContractError(UserStreamsError):
@@ -77,14 +80,7 @@ def run_passes(
     facts = facts_of(gm)
     debug = os.environ.get(DEBUG_ENV) == "1"
     for graph_pass in passes:
-        missing = graph_pass.requires - facts
-        if missing:
-            raise PassContractError(
-                f"torch_userstreams: pass {graph_pass.name} requires "
-                f"{sorted(fact.value for fact in missing)} on "
-                f"graph {_name(compile_)}, which no earlier pass ensured. The passes ran out "
-                "of order: AOTAutograd's calling sequence changed for this torch."
-            )
+        require(gm, graph_pass.requires, f"pass {graph_pass.name}", compile_)
         if compile_ is None:
             if graph_pass.needs_compile:
                 raise NotCompilingError(_outside_compile(graph_pass.name))
@@ -94,6 +90,22 @@ def run_passes(
             gm.graph.lint()
         facts |= graph_pass.ensures
         compile_.record_pass(graph_pass.name, notes)
+
+
+def require(
+    gm: torch.fx.GraphModule,
+    facts: frozenset[Fact],
+    by: str,
+    compile_: GraphCompile | None,
+) -> None:
+    """Raise unless every fact in ``facts`` was ensured on ``gm`` (``by`` needs them)."""
+    missing = facts - facts_of(gm)
+    if missing:
+        raise PassContractError(
+            f"torch_userstreams: {by} requires {sorted(fact.value for fact in missing)} on "
+            f"graph {_name(compile_)}, which no earlier pass ensured. The passes ran out "
+            "of order: AOTAutograd's calling sequence changed for this torch."
+        )
 
 
 def _name(compile_: GraphCompile | None) -> str:
