@@ -38,9 +38,9 @@ class Reader(enum.IntEnum):
     # Dynamo's registration of the ambient current stream: built where the traced graph (or
     # a subgraph it calls) reads it.
     TRACED_GRAPH = 0
-    # Read only through sync nodes a pass or backend puts in the graphs: built where the
-    # traced graph reads it, or unless the backend reported every index its compiled graphs
-    # read and this one is not among them.
+    # Read only through sync nodes a pass or backend puts in the graphs: built unless the
+    # backend reported every index its compiled graphs read and neither they nor the traced
+    # graph read this one.
     ADDED_NODES = 1
     # The frame's own object (an input, one the function creates) or one a backend or torch
     # reads from its own code: always built.
