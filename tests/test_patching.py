@@ -193,7 +193,12 @@ def test_every_wrapping_replacement_carries_the_native_it_wraps() -> None:
     def function(value: Any) -> Any:
         return value.__func__ if isinstance(value, staticmethod) else value
 
-    wrapping = [(site, new) for site, new in patching.plan(MINOR) if site.point.wraps]
+    wrapping = [
+        (site, new)
+        for site, new in patching.plan(MINOR)
+        # a point's handler-table copy (torch 2.14+'s tp_methods) is a dict, not a replacement
+        if site.point.wraps and site.attr != site.point.table
+    ]
     assert wrapping, "no point of this torch wraps its native"
     for site, new in wrapping:
         assert original_of(function(new)) is function(site.original), site.where
