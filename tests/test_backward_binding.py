@@ -351,7 +351,7 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
     read a skipped object, or read any while calls hand it no binding, would find nothing."""
     from torch_userstreams.compile.graph_compile import GraphCompile
     from torch_userstreams.compile.load_plan import plan_loads, report_reads
-    from torch_userstreams.compile.table import EntryKind, Reader, UserObjectTable
+    from torch_userstreams.compile.table import EntryKind, HandOver, Reader, UserObjectTable
     from torch_userstreams.errors import UserObjectError
     from torch_userstreams.simulator import SimEvent
 
@@ -369,9 +369,9 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
     assert table.entries[event].reader is Reader.ADDED_NODES  # a request: nodes read it
     report_reads(compile_, {0}, backward=False)  # the forward, compiled first
     assert compile_.reported_reads == {0}
-    table.plan = plan_loads(table, {0}, compile_.reported_reads)
+    table.plan = plan_loads(table, {0}, compile_.reported_reads, backward_traced=True)
     assert [table.loads(e.index) for e in table.entries] == [True, False]
-    assert table.plan.backward_bound  # the forward reads the stream: the calls bind
+    assert table.plan.hand_over is HandOver.EVERY_CALL  # the forward reads the stream
     report_reads(compile_, set(), backward=True)  # reads nothing: fine
     assert compile_.reported_reads == {0}, "the plan is made: later reports change nothing"
     with pytest.raises(UserObjectError, match=r"backward of graph g, compiled after .* 1 "):
@@ -382,8 +382,10 @@ def test_a_graph_compiled_after_the_prologue_may_not_read_what_it_does_not_load(
         EntryKind.INPUT, "s", lambda cg: None, SimStream(device="cpu"), added_by="test"
     )
     report_reads(unbound, set(), backward=False)
-    unbound.table.plan = plan_loads(unbound.table, {0}, unbound.reported_reads)
-    assert not unbound.table.plan.backward_bound
+    unbound.table.plan = plan_loads(
+        unbound.table, {0}, unbound.reported_reads, backward_traced=True
+    )
+    assert unbound.table.plan.hand_over is HandOver.NONE
     with pytest.raises(UserObjectError, match=r"backward of graph h, .* reads user object\(s\) 0"):
         report_reads(unbound, {0}, backward=True)
 

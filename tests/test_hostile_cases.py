@@ -506,10 +506,19 @@ def test_native_inductors_undefined_stream_is_named_with_the_fix(fn: Callable[..
 
 
 @pytest.mark.usefixtures("installed")
-def test_a_backend_that_runs_its_first_call_eagerly_keeps_later_backwards_bound() -> None:
-    """A warm-up call made only C++ autograd nodes; the package then stopped handing later
-    calls' bindings to their backward, which failed with 'outside any compiled call'."""
+@pytest.mark.parametrize("eager_calls", [1, "more than a foreign backend is watched for"])
+def test_a_backend_that_runs_its_first_calls_eagerly_keeps_later_backwards_bound(
+    eager_calls: int | str,
+) -> None:
+    """Warm-up calls made only C++ autograd nodes. The package once stopped handing later
+    calls' bindings to their backward after one (which then failed with 'outside any
+    compiled call'); AOTAutograd traced this graph's backward, so it never stops."""
     from torch._dynamo.backends.registry import lookup_backend
+
+    from torch_userstreams.compile.table import HandOver
+    from torch_userstreams.run.bound_graph import CALLS_WITHOUT_A_PYTHON_NODE
+
+    warm_up = eager_calls if isinstance(eager_calls, int) else CALLS_WITHOUT_A_PYTHON_NODE + 1
 
     def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
         return doubled_on_a_side_stream(x, side) * 3
@@ -520,16 +529,19 @@ def test_a_backend_that_runs_its_first_call_eagerly_keeps_later_backwards_bound(
 
         def run(*args: Any) -> Any:
             calls[0] += 1
-            return gm(*args) if calls[0] == 1 else compiled(*args)
+            return gm(*args) if calls[0] <= warm_up else compiled(*args)
 
         return run
 
     compiled = torch.compile(step, backend=warm_up_first)
     side = SimStream(device="cpu")
-    for seed in range(3):
+    for seed in range(warm_up + 2):
         x = torch.rand(3, generator=torch.Generator().manual_seed(seed), requires_grad=True)
         compiled(x, side).sum().backward()
         torch.testing.assert_close(x.grad, 6 * torch.cos(2 * x.detach()))
+    bound = last_binding()[0]
+    assert bound.table.plan.hand_over is HandOver.EVERY_CALL
+    assert bound.after_forward is not None and bound.misses == 0
 
 
 @pytest.mark.usefixtures("installed")
@@ -596,6 +608,7 @@ def test_a_stream_annotation_that_is_not_an_index_is_refused(backend_name: str) 
 def test_a_graph_that_never_makes_a_python_node_stops_walking_after_a_few_calls() -> None:
     """The hand-over walks every autograd node a call made (about 1 us each): a backend that
     always runs the graph eagerly pays it only until the limit, then never again."""
+    from torch_userstreams.compile.table import HandOver
     from torch_userstreams.run.bound_graph import CALLS_WITHOUT_A_PYTHON_NODE
 
     def step(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
@@ -608,6 +621,7 @@ def test_a_graph_that_never_makes_a_python_node_stops_walking_after_a_few_calls(
     for _ in range(CALLS_WITHOUT_A_PYTHON_NODE - 1):
         compiled(x, side).sum().backward()
     bound = last_binding()[0]
+    assert bound.table.plan.hand_over is HandOver.WHILE_FOUND  # no AOTAutograd: watched
     assert bound.after_forward is not None and bound.misses == CALLS_WITHOUT_A_PYTHON_NODE - 1
     compiled(x, side).sum().backward()
     assert bound.after_forward is None

@@ -57,6 +57,9 @@ class GraphCompile:
     # Every table index the backend's compiled graphs read at run time, where the backend
     # knows them (``load_plan.report_reads``); None: any entry may be read.
     reported_reads: set[int] | None = None
+    # AOTAutograd traced this graph's backward while the backend ran (its joint-graph pass
+    # ran for this compile): each call that makes autograd nodes makes a Python one.
+    backward_traced: bool = False
     # Dynamo's compile id of the frame this compile began for (``begin_frame``).
     frame_id: Any = None
 

@@ -24,7 +24,7 @@ from ..run.state import state
 from . import graph_compile, method_syncs, prologue
 from .graph_compile import GraphCompile
 from .load_plan import plan_loads
-from .table import UserObjectTable
+from .table import HandOver, UserObjectTable
 
 log = logging.getLogger("torch_userstreams")
 
@@ -135,8 +135,13 @@ def _bind(compiled: Callable[..., Any], table: UserObjectTable) -> tuple[Any, Bo
     from torch._dynamo import disable
     from torch._dynamo.eval_frame import innermost_fn
 
-    backward_bound = table.plan is None or table.plan.backward_bound
-    bound = BoundGraph(innermost_fn(compiled), table, attach if backward_bound else None)
+    hand_over = HandOver.WHILE_FOUND if table.plan is None else table.plan.hand_over
+    bound = BoundGraph(
+        innermost_fn(compiled),
+        table,
+        None if hand_over is HandOver.NONE else attach,
+        stops_handing_over=hand_over is HandOver.WHILE_FOUND,
+    )
     return disable(bound.run, reason="torch_userstreams: runs a compiled graph"), bound
 
 
@@ -150,7 +155,9 @@ def finish(output_graph: Any, compile_: GraphCompile, result: Any) -> Any:
         table.release_examples()
     used = prologue.read_by(prologue.graphs_of(output_graph))
     _check_requested(used, table)
-    table.plan = plan_loads(table, used, compile_.reported_reads)
+    table.plan = plan_loads(
+        table, used, compile_.reported_reads, backward_traced=compile_.backward_traced
+    )
     if not table.plan.loads_any:
         return result
     _check_no_specializations(output_graph, table)

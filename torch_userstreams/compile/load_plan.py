@@ -12,15 +12,20 @@ from __future__ import annotations
 
 from ..errors import UserObjectError
 from .graph_compile import GraphCompile
-from .table import EntryKind, LoadPlan, Reader, UserObjectTable
+from .table import EntryKind, HandOver, LoadPlan, Reader, UserObjectTable
 
 
 def plan_loads(
-    table: UserObjectTable, traced_reads: set[int], reported: set[int] | None
+    table: UserObjectTable,
+    traced_reads: set[int],
+    reported: set[int] | None,
+    *,
+    backward_traced: bool,
 ) -> LoadPlan:
     """The plan for ``table``: ``traced_reads`` are the indices the traced graph and its
     subgraphs read; ``reported`` every index the backend's compiled graphs read, where the
-    backend knows them (None: any entry may be read)."""
+    backend knows them (None: any entry may be read); ``backward_traced`` whether
+    AOTAutograd traced the graph's backward while the backend ran."""
     loaded: set[int] = set()
     for entry in table.entries:
         if entry.reader is Reader.CODE:
@@ -29,9 +34,17 @@ def plan_loads(
             loaded.add(entry.index)
         elif entry.reader is Reader.ADDED_NODES and (reported is None or entry.index in reported):
             loaded.add(entry.index)
-    # Where the backend reported its graphs' reads, calls hand the backward their binding
-    # only if a compiled graph, or a backend's (or torch's) own code, reads an object.
-    bound = (
+    return LoadPlan(frozenset(loaded), _hand_over(table, loaded, reported, backward_traced))
+
+
+def _hand_over(
+    table: UserObjectTable, loaded: set[int], reported: set[int] | None, backward_traced: bool
+) -> HandOver:
+    """Where the backend reported its graphs' reads, calls hand the backward their binding
+    only if a compiled graph, or a backend's (or torch's) own code, reads an object. Where
+    they do, AOTAutograd's backward is a Python node on every call; another backend's calls
+    are watched for one."""
+    reads = (
         reported is None
         or bool(reported)
         or any(
@@ -41,7 +54,9 @@ def plan_loads(
             for entry in table.entries
         )
     )
-    return LoadPlan(frozenset(loaded), bound)
+    if not reads:
+        return HandOver.NONE
+    return HandOver.EVERY_CALL if backward_traced else HandOver.WHILE_FOUND
 
 
 def check_later_graph(table: UserObjectTable, reads: set[int], *, backward: bool) -> None:

@@ -94,13 +94,33 @@ class Entry:
         )
 
 
+class HandOver(enum.Enum):
+    """Whether a call hands its binding to the autograd nodes it made, so that their backward
+    resolves user objects against the call's own (``run.backward.attach``)."""
+
+    # No backward of this graph reads a user object: nothing to hand over.
+    NONE = "none"
+    # AOTAutograd traced this graph's backward: every call that makes autograd nodes makes
+    # its Python node, which gets the binding.
+    EVERY_CALL = "every call"
+    # A backend the package cannot see into: hand over while the calls make a Python node,
+    # and stop after ``run.bound_graph.CALLS_WITHOUT_A_PYTHON_NODE`` calls in a row make
+    # none (a backend that runs the graph eagerly pays the walk for those only).
+    WHILE_FOUND = "while found"
+
+
 @dataclass(frozen=True)
 class LoadPlan:
-    """The indices each call builds; whether calls hand their binding to the backward.
+    """The indices each call builds, and how calls hand their binding to the backward.
     Made once, when the backend returned (``compile.load_plan``)."""
 
     loaded: frozenset[int]
-    backward_bound: bool
+    hand_over: HandOver
+
+    @property
+    def backward_bound(self) -> bool:
+        """Whether calls hand their binding to the backward at all."""
+        return self.hand_over is not HandOver.NONE
 
     @property
     def loads_any(self) -> bool:

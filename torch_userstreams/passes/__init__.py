@@ -55,6 +55,9 @@ def assign_backward_streams(gm: torch.fx.GraphModule) -> None:
     """Replaces AOTAutograd's pass: tag what a custom backward traced (so a write-back is
     not placed among it), write inputs back where they were updated, inherit forward
     streams, then place accumulations."""
+    compile_ = graph_compile.active_or_none()
+    if compile_ is not None:  # the graph's calls will make AOTAutograd's Python node
+        compile_.backward_traced = True
     _run(gm, (backward_phase.PASS,), _has_streams(gm) or _has_syncs(gm))
     _run(gm, (write_backs.PASS, inherit_streams.PASS, grad_accumulation.PASS), _has_streams(gm))
 

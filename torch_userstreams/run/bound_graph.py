@@ -25,9 +25,10 @@ from .state import never_trace, state
 # and the call's inputs where the walk starts from its outputs (else None).
 AfterForward = Callable[[Binding, Any, int, int, tuple[Any, ...] | None], bool]
 
-# Calls in a row whose autograd nodes are all C++ ones (a backend that runs the graph
-# eagerly) before a graph stops handing its bindings over: the walk costs about 1 us per
-# node made. A backend that warms up eagerly for fewer calls keeps every later backward bound.
+# For a backend the package cannot see into (``compile.table.HandOver.WHILE_FOUND``): calls
+# in a row whose autograd nodes are all C++ ones (the backend runs the graph eagerly) before
+# the graph stops handing its bindings over, since the walk costs about 1 us per node made.
+# A graph whose backward AOTAutograd traced never stops: each of its calls can make one.
 CALLS_WITHOUT_A_PYTHON_NODE = 32
 
 
@@ -45,18 +46,26 @@ class BoundGraph:
         "misses",
         "returns_objects",
         "run",
+        "stops_handing_over",
         "table",
     )
 
     def __init__(
-        self, fn: Callable[..., Any], table: Any, after_forward: AfterForward | None = None
+        self,
+        fn: Callable[..., Any],
+        table: Any,
+        after_forward: AfterForward | None = None,
+        *,
+        stops_handing_over: bool = True,
     ) -> None:
         self.fn = fn
         self.table = table
         # Hands the call's binding to its backward; asked after each call that made autograd
-        # nodes, until CALLS_WITHOUT_A_PYTHON_NODE calls in a row made none it could hold
-        # (``misses``): a backend's callable may run eagerly for its first calls.
+        # nodes. With ``stops_handing_over``, only until CALLS_WITHOUT_A_PYTHON_NODE calls
+        # in a row made none it could hold (``misses``); a backend's callable may run
+        # eagerly for its first calls, so one miss does not decide.
         self.after_forward = after_forward
+        self.stops_handing_over = stops_handing_over
         self.misses = 0
         # Set when the bytecode after the call returns one of the call's objects: only then
         # does the thread keep this call's binding past the call (until its next call).
@@ -149,8 +158,9 @@ def _hand_over(
 ) -> None:
     """Give the call's binding to the autograd nodes it made, found from its outputs, else
     from its inputs (an input mutated in place hangs the call's backward on its own history,
-    whatever the outputs carry). Counts the calls in a row whose values carried a graph but
-    led to no Python node the call made, and stops asking after too many."""
+    whatever the outputs carry). Where the graph may stop handing over, counts the calls in
+    a row whose values carried a graph but led to no Python node the call made, and stops
+    asking after too many."""
     missed = False
     outputs = out if type(out) is tuple or type(out) is list else (out,)
     for values, inputs in ((outputs, args), (args, None)):
@@ -159,7 +169,7 @@ def _hand_over(
                 bound.misses = 0
                 return
             missed = True
-    if missed:
+    if missed and bound.stops_handing_over:
         bound.misses += 1
         if bound.misses >= CALLS_WITHOUT_A_PYTHON_NODE:
             bound.after_forward = None  # this graph makes no node to hold it
