@@ -11,7 +11,7 @@ import torch
 
 import torch_userstreams
 
-# Every pass lints the graph it changed (passes/contract.py), in every test.
+# Every pass lints the graph it changed (compile/contract.py), in every test.
 os.environ.setdefault("TORCH_USERSTREAMS_DEBUG", "1")
 
 

@@ -39,3 +39,37 @@ def test_method_calls_become_ops_with_their_provenance() -> None:
     ]
     assert [str(r) for r in records(wait)] == ["method_syncs: SimStream.wait_stream() as an op"]
     assert method_syncs.rewrite(graph, table) == [], "nothing left to rewrite"
+
+
+def test_the_rewrite_runs_as_a_pass_on_a_traced_graph_and_on_a_subgraph_module() -> None:
+    """Dynamo's graph has no module yet (``TracedGraph``); a subgraph it calls does, and its
+    code must call the op afterwards. Both report to the compile, which ``explain()`` reads."""
+    from torch_userstreams.compile.contract import TracedGraph, run_passes
+    from torch_userstreams.compile.graph_compile import GraphCompile
+
+    def graph_syncing(stream: int) -> torch.fx.Graph:
+        graph = torch.fx.Graph()
+        graph.call_method("synchronize", (graph.call_function(lookup, (stream,)),))
+        graph.output(None)
+        return graph
+
+    compile_ = GraphCompile()
+    compile_.table.graph_name = "f [0/0]"
+    compile_.table.add(
+        EntryKind.INPUT, "L['s']", lambda cg: None, SimStream(device="cpu"), added_by="test"
+    )
+    traced = TracedGraph(graph_syncing(0))
+    body = torch.fx.GraphModule(torch.nn.Module(), graph_syncing(0))
+    assert "synchronize()" in body.code
+    run_passes(traced, (method_syncs.PASS,), compile_)
+    run_passes(body, (method_syncs.PASS,), compile_)
+
+    for graph in (traced.graph, body.graph):
+        assert [n.target for n in graph.nodes if n.op == "call_function"][1:] == [
+            sync_op("synchronize_stream")
+        ]
+    assert "synchronize()" not in body.code and "synchronize_stream" in body.code
+    assert (
+        compile_.table.pass_notes
+        == ["method_syncs: SimStream.synchronize() as an op [synchronize_stream_default]"] * 2
+    )

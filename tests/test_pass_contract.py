@@ -8,6 +8,7 @@ import torch.fx
 
 from torch_userstreams.backends import regions, reuse_syncs
 from torch_userstreams.backends.inductor_regions import SPLIT_REQUIRES
+from torch_userstreams.compile.contract import Fact, GraphPass, PassContractError, run_passes
 from torch_userstreams.passes import (
     backward_phase,
     backward_syncs,
@@ -17,7 +18,6 @@ from torch_userstreams.passes import (
     sync_ordering,
     write_backs,
 )
-from torch_userstreams.passes.contract import Fact, GraphPass, PassContractError, run_passes
 
 # The order AOTAutograd calls the package's entry points in, each pass in its entry's order.
 AOT_ORDER = [

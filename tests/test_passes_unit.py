@@ -9,6 +9,13 @@ import torch
 import torch._functorch._aot_autograd.streams
 import torch.fx
 
+from torch_userstreams.compile.contract import (
+    FACTS,
+    Fact,
+    GraphPass,
+    PassContractError,
+    run_passes,
+)
 from torch_userstreams.compile.graph_compile import GraphCompile
 from torch_userstreams.compile.table import EntryKind, Phase, Reader
 from torch_userstreams.fx.meta import records, set_stream, stream_of
@@ -19,13 +26,6 @@ from torch_userstreams.passes import (
     grad_accumulation,
     inherit_streams,
     sync_ordering,
-)
-from torch_userstreams.passes.contract import (
-    FACTS,
-    Fact,
-    GraphPass,
-    PassContractError,
-    run_passes,
 )
 from torch_userstreams.simulator import SimStream
 

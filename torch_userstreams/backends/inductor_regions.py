@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..compile.contract import Fact, ensure, require, run_passes
 from ..compile.graph_compile import GraphCompile
 from ..compile.load_plan import report_reads
 from ..compile.prologue import referenced_indices
@@ -38,7 +39,6 @@ from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..passes import sync_inference_graph_in_backend
-from ..passes.contract import Fact, ensure, require, run_passes
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from . import reuse_syncs

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
 from ..fx.meta import RECORDS, drop_stream, record, records, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
-from ..passes.contract import Fact, GraphPass
 
 
 @dataclass(eq=False)
@@ -189,7 +189,7 @@ def copy_factories_per_stream(gm: torch.fx.GraphModule) -> list[str]:
     return notes
 
 
-FACTORIES_PASS = GraphPass(
+FACTORIES_PASS: GraphPass[torch.fx.GraphModule] = GraphPass(
     COPY_FACTORIES,
     lambda gm, compile_: copy_factories_per_stream(gm),
     ensures=frozenset({Fact.FACTORIES_PER_STREAM}),

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from ..compile import graph_compile
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..compile.table import Reader, UserObjectTable
 from ..errors import UnsupportedPathError
@@ -42,7 +43,6 @@ from ..fx.control_deps import alias_of, is_passthrough, sync_of
 from ..fx.meta import device_of, is_backward_graph
 from ..fx.ops import made_by, op_name, operands
 from ..fx.record_and_wait import insert_record_and_wait
-from ..passes.contract import Fact, GraphPass
 from ..passes.devices import host_ordered, new_event
 from .regions import runs_on
 

@@ -22,6 +22,7 @@ from ..run.backward import attach
 from ..run.bound_graph import BoundGraph
 from ..run.state import state
 from . import graph_compile, method_syncs, prologue
+from .contract import Rewritten, TracedGraph, run_passes
 from .graph_compile import GraphCompile
 from .load_plan import plan_loads
 from .table import HandOver, UserObjectTable
@@ -194,13 +195,9 @@ def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @carries(original)
     def compile_and_call_fx_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
         compile_ = graph_compile.for_output_graph(self)
-        notes = method_syncs.rewrite(self.graph, compile_.table)
-        for module in prologue.subgraph_modules(self):  # a checkpointed body's syncs too
-            rewritten = method_syncs.rewrite(module.graph, compile_.table)
-            if rewritten:
-                module.recompile()
-            notes += rewritten
-        compile_.record_pass(method_syncs.NAME, notes)
+        traced: list[Rewritten] = [TracedGraph(self.graph), *prologue.subgraph_modules(self)]
+        for graph in traced:  # a checkpointed body's syncs too
+            run_passes(graph, (method_syncs.PASS,), compile_)
         check_streams(self.graph, compile_.table)
         with graph_compile.backend_running(compile_):
             result = original(self, *args, **kwargs)

@@ -5,7 +5,8 @@ torch 2.11's Dynamo records ``Stream.wait_stream``, ``Stream.wait_event``,
 lookup nodes. AOTAutograd then runs those methods once, on the example objects, while it
 traces, and keeps nothing: the sync silently disappears from the compiled code (on a GPU, a
 race). Later releases emit ``streams::*`` ops for them. ``rewrite`` gives Dynamo's graph that
-later shape before any backend sees it; on those releases it finds nothing to do.
+later shape before any backend sees it (``PASS``, on Dynamo's graph and on each subgraph it
+calls); on those releases it finds nothing to do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ..errors import UnsupportedPathError
 from ..fx.meta import RECORDS, record
 from ..fx.ops import is_lookup
 from ..run.own_ops import sync_op
+from .contract import GraphPass, Rewritten
+from .graph_compile import GraphCompile
 from .table import UserObjectTable
 
 # Method name -> what it becomes, per receiver kind.
@@ -32,9 +35,21 @@ _UNSUPPORTED = ("record_event",)
 NAME = "method_syncs"
 
 
-def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> list[str]:
+def run(target: Rewritten, compile_: GraphCompile) -> list[str]:
     """Replace sync method calls on user objects by ops; returns a note per replacement
     (each also recorded on the op that replaced the call)."""
+    notes = rewrite(target.graph, compile_.table)
+    if notes and isinstance(target, torch.fx.GraphModule):
+        target.recompile()  # a subgraph's module: its code calls the ops now
+    return notes
+
+
+# Ensures no fact: Dynamo's graph is rewritten once, before any pass that could require one.
+PASS: GraphPass[Rewritten] = GraphPass(NAME, run)
+
+
+def rewrite(graph: torch.fx.Graph, table: UserObjectTable) -> list[str]:
+    """``run`` on the graph itself."""
     notes = []
     for node in list(graph.nodes):
         if node.op != "call_method" or not node.args:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch.fx
 
 from ..compile import graph_compile
+from ..compile.contract import Fact, GraphPass, ensure, run_passes
 from ..fx.meta import is_tangent, stream_of
 from ..fx.ops import is_sync_op
 from . import (
@@ -31,7 +32,6 @@ from . import (
     sync_ordering,
     write_backs,
 )
-from .contract import Fact, GraphPass, ensure, run_passes
 
 
 def _has_streams(gm: torch.fx.GraphModule) -> bool:

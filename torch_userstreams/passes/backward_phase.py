@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import IS_BACKWARD, IS_FORWARD, PARTITIONER_TAG, is_backward, record, stream_of
-from .contract import Fact, GraphPass
 
 NAME = "backward_phase"
 

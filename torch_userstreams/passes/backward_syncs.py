@@ -30,12 +30,12 @@ import functools
 import torch
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..compile.table import Reader
 from ..fx.meta import device_of, is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, made_by
 from ..fx.record_and_wait import insert_record, insert_record_and_wait, insert_wait
-from .contract import Fact, GraphPass
 from .devices import event_device, new_event, stream_index
 
 NAME = "backward_syncs"

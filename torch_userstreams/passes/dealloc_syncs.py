@@ -39,11 +39,11 @@ import torch
 import torch.fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_backward, is_tangent, stream_of
 from ..fx.ops import is_sync_op, is_view, made_by
 from ..fx.record_and_wait import insert_record_and_wait
-from .contract import Fact, GraphPass
 from .devices import event_device, new_event, stream_index
 
 NAME = "dealloc_syncs"

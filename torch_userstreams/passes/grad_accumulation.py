@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_gradient_accumulation, record, set_stream, stream_of
-from .contract import Fact, GraphPass
 
 NAME = "grad_accumulation"
 

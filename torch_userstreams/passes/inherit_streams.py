@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import SEQ_NR, is_backward, record, set_stream, stream_of
-from .contract import Fact, GraphPass
 
 NAME = "inherit_streams"
 

@@ -21,6 +21,7 @@ import operator
 import torch
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import (
     IS_BACKWARD,
@@ -32,7 +33,6 @@ from ..fx.meta import (
     stream_of,
 )
 from ..fx.ops import is_sync_op, op_name
-from .contract import Fact, GraphPass
 
 NAME = "sync_ordering"
 PIN_NAME = "pin_syncs"

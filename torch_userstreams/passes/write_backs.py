@@ -31,10 +31,10 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..fx.meta import is_backward, record
 from ..fx.ops import is_view
-from .contract import Fact, GraphPass
 
 NAME = "write_backs"
 COPY = torch.ops.aten.copy_.default

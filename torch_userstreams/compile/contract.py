@@ -1,9 +1,12 @@
-"""The contract of a joint-graph pass: what it needs done before it, what it guarantees after.
+"""The contract of a graph pass: what it needs done before it, what it guarantees after.
 
 A ``GraphPass`` runs on one FX graph with the graph's compile passed in (``run(gm, compile)``,
 returning the notes of what it changed). ``run_passes`` checks that every fact a pass
 requires was ensured by an earlier one on the same graph, records each pass's result on the
 compile, and in debug mode (``TORCH_USERSTREAMS_DEBUG=1``) lints the graph after each pass.
+Every rewrite of a graph runs this way: on Dynamo's traced graph (``TracedGraph``, before
+Dynamo gives it a module), the joint graph (``passes/``) and each graph the backend
+compiles (``backends/``).
 """
 
 from __future__ import annotations
@@ -11,20 +14,21 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch.fx
 
-from ..compile.graph_compile import GraphCompile
 from ..errors import NotCompilingError, UserStreamsError
 from ..fx.meta import drop_leaked_stream_annotation
+from .graph_compile import GraphCompile
 
 FACTS = "torch_userstreams.facts"  # gm.meta key: the facts ensured on this graph so far
 DEBUG_ENV = "TORCH_USERSTREAMS_DEBUG"
 
 
 class Fact(enum.Enum):
-    """What holds on a joint graph once a pass ran: the order the passes depend on."""
+    """What holds on a graph once a pass ran: the order the passes depend on."""
 
     PHASES_TAGGED = "phases tagged"  # each node says forward or backward
     WRITE_BACKS_IN_PLACE = "write-backs in place"  # copies into mutated inputs placed
@@ -41,10 +45,32 @@ class PassContractError(UserStreamsError):
     """A pass ran before a pass it depends on."""
 
 
+class Rewritten(Protocol):
+    """What a pass rewrites: a graph module, or Dynamo's graph before it has one."""
+
+    @property
+    def graph(self) -> torch.fx.Graph: ...
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class TracedGraph:
+    """Dynamo's traced graph, which no module owns until the backend is called: what a pass
+    on it (``compile.method_syncs``) rewrites, and the facts ensured on it so far."""
+
+    graph: torch.fx.Graph
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+G = TypeVar("G", bound=Rewritten)
+
+
 @dataclass(frozen=True)
-class GraphPass:
+class GraphPass(Generic[G]):
     name: str
-    run: Callable[[torch.fx.GraphModule, GraphCompile], list[str]]
+    run: Callable[[G, GraphCompile], list[str]]
     requires: frozenset[Fact] = frozenset()
     ensures: frozenset[Fact] = frozenset()
     # Whether the pass requests objects of the graph's table: only then does it need a
@@ -53,7 +79,7 @@ class GraphPass:
     needs_compile: bool = False
 
 
-def facts_of(gm: torch.fx.GraphModule) -> set[Fact]:
+def facts_of(gm: Rewritten) -> set[Fact]:
     return gm.meta.setdefault(FACTS, set())  # type: ignore[no-any-return]
 
 
@@ -73,9 +99,7 @@ def _outside_compile(pass_name: str) -> str:
     )
 
 
-def run_passes(
-    gm: torch.fx.GraphModule, passes: Iterable[GraphPass], compile_: GraphCompile | None
-) -> None:
+def run_passes(gm: G, passes: Iterable[GraphPass[G]], compile_: GraphCompile | None) -> None:
     """Run ``passes`` in order on ``gm``, for ``compile_`` (None: outside torch.compile)."""
     facts = facts_of(gm)
     debug = os.environ.get(DEBUG_ENV) == "1"
@@ -93,7 +117,7 @@ def run_passes(
 
 
 def require(
-    gm: torch.fx.GraphModule,
+    gm: Rewritten,
     facts: frozenset[Fact],
     by: str,
     compile_: GraphCompile | None,
@@ -112,6 +136,6 @@ def _name(compile_: GraphCompile | None) -> str:
     return "<outside torch.compile>" if compile_ is None else compile_.table.graph_name
 
 
-def ensure(gm: torch.fx.GraphModule, *facts: Fact) -> None:
+def ensure(gm: Rewritten, *facts: Fact) -> None:
     """Facts that hold without a pass (a graph with nothing for it to do)."""
     facts_of(gm).update(facts)
