@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from pass_programs import simulated_eager
 
 import torch_userstreams
 from torch_userstreams.compile.table import Phase
-from torch_userstreams.errors import NotCompilingError, UnsupportedPathError, UserObjectError
+from torch_userstreams.errors import NotCompilingError, UserObjectError
 from torch_userstreams.fx.meta import stream_of
 from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
@@ -479,26 +480,26 @@ def back_on_its_own_main_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tenso
 
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("fn", [doubled_on, back_on_its_own_main_stream], ids=lambda f: f.__name__)
-def test_native_inductors_undefined_stream_is_named_with_the_fix(fn: Callable[..., Any]) -> None:
+def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) -> None:
     """Inductor 2.12+ enters ``stream1`` (or ``default_stream``, for a stream the function
-    made and entered last) in its CPU code without defining it: every call of such a graph
-    failed with ``NameError: name 'stream1' is not defined`` (natively too), naming neither
-    the graph nor what compiles it (the ``default_stream`` spelling: helper-52). Inductor
-    2.11 ignores the annotation."""
+    made and entered last) in its CPU code, and defined those names only inside a GPU
+    device guard: every call of such a graph failed with ``NameError: name 'stream1' is not
+    defined``, natively too. While installed the code defines them (``patch.
+    inductor_streams``), from the call's objects. Inductor 2.11 ignores the annotation."""
+    from torch._inductor.utils import run_and_get_code
+
     # A simulated stream: Inductor 2.11 keeps the graph's wait_stream, which a native CPU
     # stream cannot run (no CPU events), natively too.
-    x, s = torch.rand(3, 2), SimStream(device="cpu")
+    x, s = torch.rand(3, 2, requires_grad=True), SimStream(device="cpu")
     with simulated_eager():
         expected = fn(x, s)
-    native = torch.compile(fn, backend="inductor")
-    try:
-        out = native(x, s)
-    except UnsupportedPathError as exc:
-        assert f"graph {fn.__name__}" in str(exc) and "backend='userstreams'" in str(exc)
-        assert isinstance(exc.__cause__, NameError)
-    else:
-        assert torch.__version__.startswith("2.11."), "Inductor 2.12+ enters user streams"
-        torch.testing.assert_close(out, expected)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    out, code = run_and_get_code(torch.compile(fn, backend="inductor"), x, s)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], expected_grad)
+    if not torch.__version__.startswith("2.11."):
+        assert "default_stream = nullcontext()" in code[0]
+        assert re.search(r"stream1 = get_external_object_by_index\(\d+\)", code[0])
     fixed = torch.compile(fn, backend="userstreams")
     torch.testing.assert_close(fixed(x, s), expected)
     # Only a view on the stream: no kernel runs there, and Inductor's code works.

@@ -21,6 +21,7 @@ from . import (
     backward_order,
     cse,
     event_stream_arg,
+    inductor_streams,
     keyword_args,
     queries,
     replacements,
@@ -36,6 +37,7 @@ OUTPUT_GRAPH = "torch._dynamo.output_graph"
 AOT_STREAMS = "torch._functorch._aot_autograd.streams"
 PATTERN_MATCHER = "torch._inductor.pattern_matcher"
 PARTITIONERS = "torch._functorch.partitioners"
+SCHEDULER = "torch._inductor.scheduler"
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ _LAZY_MODULES = (
     "torch._higher_order_ops.invoke_leaf_function",
     "torch._inductor.cudagraph_trees",
     "torch._inductor.codegen.wrapper",
+    "torch._inductor.scheduler",
 )
 
 # 2.12+ wrap sync nodes in control_deps after the stream passes (2.11 does not).
@@ -177,6 +180,16 @@ _WRAP_SYNCS = PatchPoint(
     passes.wrap_all_sync_nodes_with_control_deps,
     ("gm",),
     needs=("_wrap_sync_node",),
+)
+
+# 2.12+ Inductor enters a graph's user streams in its code; CPU code never defined them.
+_STREAM_DEFINITIONS = PatchPoint(
+    SCHEDULER,
+    "Scheduler._codegen",
+    inductor_streams.wrap_codegen,
+    ("self", "nodes"),
+    aliases=False,
+    wraps=True,
 )
 
 # query() breaks the graph (``patch.queries``): through each class's call_method up to 2.13,
@@ -225,10 +238,22 @@ _KEYWORDS_BY_TP_METHODS = _handler_points(
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
     "2.11": (*_COMMON, *_QUERY_BY_CALL_METHOD),
-    "2.12": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
-    "2.13": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_CALL_METHOD),
-    "2.14": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS, *_KEYWORDS_BY_TP_METHODS),
-    "2.15": (*_COMMON, _WRAP_SYNCS, *_QUERY_BY_TP_METHODS, *_KEYWORDS_BY_TP_METHODS),
+    "2.12": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, *_QUERY_BY_CALL_METHOD),
+    "2.13": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, *_QUERY_BY_CALL_METHOD),
+    "2.14": (
+        *_COMMON,
+        _WRAP_SYNCS,
+        _STREAM_DEFINITIONS,
+        *_QUERY_BY_TP_METHODS,
+        *_KEYWORDS_BY_TP_METHODS,
+    ),
+    "2.15": (
+        *_COMMON,
+        _WRAP_SYNCS,
+        _STREAM_DEFINITIONS,
+        *_QUERY_BY_TP_METHODS,
+        *_KEYWORDS_BY_TP_METHODS,
+    ),
 }
 LAZY_MODULES: dict[str, tuple[str, ...]] = {minor: _LAZY_MODULES for minor in SUPPORTED_MINORS}
 LAZY_MODULES["2.15"] = (*_LAZY_MODULES, "torch._dynamo.variables.memory")

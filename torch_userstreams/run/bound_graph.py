@@ -9,13 +9,12 @@ backward (``after_forward``: ``backward.attach``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..errors import UnsupportedPathError, UserObjectError
+from ..errors import UserObjectError
 from . import native
 from .binding import Binding
 from .state import never_trace, state
@@ -103,11 +102,6 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
         first = next_sequence_nr()
         try:
             out = fn(*args)
-        except NameError as exc:
-            error = _undefined_stream(bound, exc)
-            if error is None:
-                raise
-            raise error from exc
         finally:
             calls.current = outer
         after_forward = bound.after_forward
@@ -121,26 +115,6 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
 
     never_trace(run)
     return run
-
-
-# Inductor's names for the streams it enters (``torch._inductor.stream_constants``).
-_INDUCTOR_STREAM_NAME = re.compile(r"name '(stream\d+|default_stream)' is not defined")
-
-
-def _undefined_stream(bound: BoundGraph, exc: NameError) -> UnsupportedPathError | None:
-    """Native Inductor 2.12+ defines its stream variables inside a device guard, and CPU
-    code has none: a graph of CPU tensors with work on a user stream enters ``stream1``
-    without defining it, on every call (natively too). Say so, and what compiles it."""
-    found = _INDUCTOR_STREAM_NAME.fullmatch(str(exc))
-    if found is None:
-        return None
-    return UnsupportedPathError(
-        f"torch_userstreams: the code Inductor generated for graph {bound.table.graph_name} "
-        f"enters a user stream ({found.group(1)!r} in that code) without defining it: native "
-        "backend='inductor' cannot run work on a user stream with CPU tensors (it fails "
-        "natively too). Use torch.compile(fn, backend='userstreams'), which compiles such a "
-        "graph with Inductor, without its stream annotations (exact on CPU)."
-    )
 
 
 def _carries_graph(values: Any) -> bool:
