@@ -45,6 +45,10 @@ BENCH = "demo"
 MIN_RATIO = 0.95  # userstreams steps/s over inductor's on the model without streams
 DIM, BATCH, BLOCKS, LR, SEED = 64, 64, 2, 0.01, 0
 USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
+# Inductor 2.12+ compiles the graph with its streams into one call per graph (the package's
+# passes place its syncs, its patch defines the streams the CPU code enters); each sync is a
+# ``streams::*`` op. A diagnostic for issue 38: what one call per graph gives on its own.
+ONE_CALL = "native inductor with streams, installed"
 
 
 class FakeAcceleratorBlock(SideStreamBlock):
@@ -92,15 +96,18 @@ def steps_per_s(step: object, batches: list[Batch]) -> float:
     return len(batches) / (time.perf_counter() - start)
 
 
-def interleaved(rounds: int, block: int) -> dict[str, list[float]]:
+def interleaved(rounds: int, block: int, *, one_call: bool = False) -> dict[str, list[float]]:
     """steps/s of blocks of ``block`` steps, the contenders taking turns (order reversed
-    every round), on the fake accelerator with GPU semantics."""
+    every round), on the fake accelerator with GPU semantics. ``one_call`` adds native
+    Inductor on the model with streams, while installed (``ONE_CALL``)."""
     batches = make_batches(block, BATCH, DIM, torch.device("cpu"), SEED)
     with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
         steps = {
             USERSTREAMS: trainer("userstreams", True)[1],
             INDUCTOR: trainer("inductor", False)[1],
         }
+        if one_call:
+            steps[ONE_CALL] = trainer("inductor", True)[1]
         for step in steps.values():  # compile and warm up
             steps_per_s(step, batches[:3])
         samples: dict[str, list[float]] = {name: [] for name in steps}
@@ -136,3 +143,29 @@ def rows(rounds: int, block: int) -> list[Row]:
         "us",
     )
     return [speed, host]
+
+
+def one_call_rows(rounds: int, block: int) -> list[Row]:
+    """Native Inductor's one call per graph, with the model's streams, against Inductor on
+    the model without streams (and ``userstreams`` in the same run). No target: it says how
+    far one compiled call per graph goes while every sync is a dispatched op."""
+    if torch.__version__.startswith("2.11."):
+        case = "steps/s, fake accelerator: native inductor with streams over inductor"
+        why = "Inductor 2.11 runs every kernel on one stream"
+        return [Row(BENCH, case, None, None, "steps/s", skipped=True, details={"why": why})]
+    samples = interleaved(rounds, block, one_call=True)
+    rows = []
+    for name in (ONE_CALL, USERSTREAMS):
+        pairs = list(zip(samples[name], samples[INDUCTOR], strict=True))
+        rows.append(
+            Row(
+                BENCH,
+                f"steps/s, fake accelerator: {name} over inductor without streams",
+                median(samples[INDUCTOR]),
+                median(samples[name]),
+                "steps/s",
+                ratio=median([ours / theirs for ours, theirs in pairs]),
+                details={"blocks_steps_per_s": samples, "rounds": rounds, "block": block},
+            )
+        )
+    return rows

@@ -153,3 +153,25 @@ def test_bad_options_are_refused_before_any_benchmark_runs(
         entry.main([arg.format(file=a_file) for arg in args])
     assert exc.value.code == 2
     assert expected.format(file=a_file) in capsys.readouterr().err
+
+
+def test_the_one_call_rows_measure_native_inductors_streams_beside_the_package() -> None:
+    """Issue 38's diagnostic: native Inductor's one call per graph with the model's streams
+    (installed) and ``userstreams``, each over Inductor on the model without streams, from
+    one run; torch 2.11's Inductor has no streams to measure."""
+    from benchmarks.accelerator_step import ONE_CALL, USERSTREAMS, one_call_rows
+
+    rows = one_call_rows(1, 2)
+    if torch.__version__.startswith("2.11."):
+        assert [row.skipped for row in rows] == [True]
+        assert "one stream" in rows[0].details["why"]
+        return
+    assert [row.case.split(": ")[1] for row in rows] == [
+        f"{ONE_CALL} over inductor without streams",
+        f"{USERSTREAMS} over inductor without streams",
+    ]
+    for row in rows:
+        assert row.native is not None and row.native > 0
+        assert row.package is not None and row.package > 0
+        assert row.ratio is not None and row.ratio > 0
+    assert not torch_userstreams.is_installed()
