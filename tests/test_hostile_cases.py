@@ -485,7 +485,8 @@ def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) 
     made and entered last) in its CPU code, and defined those names only inside a GPU
     device guard: every call of such a graph failed with ``NameError: name 'stream1' is not
     defined``, natively too. While installed the code defines them (``patch.
-    inductor_streams``), from the call's objects. Inductor 2.11 ignores the annotation."""
+    inductor_streams``) from the call's objects, and issues each sync as their method.
+    Inductor 2.11 ignores the annotation."""
     from torch._inductor.utils import run_and_get_code
 
     # A simulated stream: Inductor 2.11 keeps the graph's wait_stream, which a native CPU
@@ -498,8 +499,14 @@ def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) 
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], expected_grad)
     if not torch.__version__.startswith("2.11."):
-        assert "default_stream = nullcontext()" in code[0]
-        assert re.search(r"stream1 = get_external_object_by_index\(\d+\)", code[0])
+        forward = code[0]
+        assert "default_stream = nullcontext()" in forward
+        assert re.search(r"\n +stream1 = u\d+\n", forward), forward
+        assert re.search(r"\n +u\d+ = get_external_object_by_index\(\d+\)\n", forward), forward
+        # Each sync is the method of the call's objects, resolved once: no op dispatch.
+        assert "torch.ops.streams" not in forward, forward
+        if fn is back_on_its_own_main_stream:
+            assert len(re.findall(r"\n +u\d+\.wait_stream\(u\d+\)\n", forward)) == 2, forward
     fixed = torch.compile(fn, backend="userstreams")
     torch.testing.assert_close(fixed(x, s), expected)
     # Only a view on the stream: no kernel runs there, and Inductor's code works.

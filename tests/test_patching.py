@@ -105,6 +105,9 @@ def test_install_is_idempotent() -> None:
 
 
 def test_install_is_thread_safe() -> None:
+    # Planned before installing: once installed, the plan's alias scan would also count the
+    # code Inductor generated while installed, which imports the package's lookup itself.
+    expected = len(patching.plan(MINOR))
     barrier = threading.Barrier(8)
 
     def race() -> None:
@@ -116,7 +119,7 @@ def test_install_is_thread_safe() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(patching.applied_sites()) == len(patching.plan(MINOR))
+    assert len(patching.applied_sites()) == expected
 
 
 def test_installed_context_manager_restores() -> None:

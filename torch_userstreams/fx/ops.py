@@ -65,6 +65,18 @@ SYNC_ROLES: dict[str, tuple[str, ...]] = {
 }
 # The roles that name a user object (a table index in compiled graphs).
 OBJECT_ROLES = frozenset({"event", "stream", "waited"})
+# Each sync written as a method call on the call's own objects, its arguments named by role:
+# how generated code issues it without the op's dispatch.
+SYNC_METHODS: dict[str, str] = {
+    "record_event": "{event}.record({stream})",
+    "wait_event": "{event}.wait({stream})",
+    "wait_stream": "{stream}.wait_stream({waited})",
+    # the tensor is held until here: its memory is not reused before the wait
+    "sync_dealloc": "{event}.wait({stream})",
+    "synchronize_event": "{event}.synchronize()",
+    "synchronize_stream": "{stream}.synchronize()",
+    "record_stream": "{tensor}.record_stream({stream})",
+}
 
 
 @dataclass(frozen=True)

@@ -35,23 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..fx.ops import OBJECT_ROLES, SYNC_ROLES
+from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES
 from .issue_syncs import ISSUERS
 from .lookup import lookup
 from .steps import Ref, Step
 
-# How each sync is written as a method call on the call's objects, its arguments named by
-# role (``fx.ops.SYNC_ROLES``).
-_SYNC_LINES: dict[str, str] = {
-    "record_event": "{event}.record({stream})",
-    "wait_event": "{event}.wait({stream})",
-    "wait_stream": "{stream}.wait_stream({waited})",
-    # the tensor is held until here: its memory is not reused before the wait
-    "sync_dealloc": "{event}.wait({stream})",
-    "synchronize_event": "{event}.synchronize()",
-    "synchronize_stream": "{stream}.synchronize()",
-    "record_stream": "{tensor}.record_stream({stream})",
-}
 _NAME_OF_ISSUER: dict[Callable[..., None], str] = {issue: name for name, issue in ISSUERS.items()}
 
 
@@ -103,7 +91,7 @@ def value(template: Any, source: _Source) -> str:
 def _sync_line(step: Step, source: _Source) -> str | None:
     """``step`` as a method call on the call's objects, or None (issued as a call)."""
     name = _NAME_OF_ISSUER.get(step.call, "")
-    pattern = _SYNC_LINES.get(name)
+    pattern = SYNC_METHODS.get(name)
     roles = SYNC_ROLES.get(name, ())
     if pattern is None or step.kwargs or len(step.args) != len(roles):
         return None
