@@ -46,8 +46,9 @@ MIN_RATIO = 0.95  # userstreams steps/s over inductor's on the model without str
 DIM, BATCH, BLOCKS, LR, SEED = 64, 64, 2, 0.01, 0
 USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
 # Inductor 2.12+ compiles the graph with its streams into one call per graph (the package's
-# passes place its syncs, its patch defines the streams the CPU code enters); each sync is a
-# ``streams::*`` op. A diagnostic for issue 38: what one call per graph gives on its own.
+# passes place its syncs; ``patch.inductor_streams`` resolves the call's objects at its start
+# and issues each sync as their method). A diagnostic for issue 38: what one compiled call
+# per graph gives, beside the package's regions.
 ONE_CALL = "native inductor with streams, installed"
 
 
@@ -148,7 +149,7 @@ def rows(rounds: int, block: int) -> list[Row]:
 def one_call_rows(rounds: int, block: int) -> list[Row]:
     """Native Inductor's one call per graph, with the model's streams, against Inductor on
     the model without streams (and ``userstreams`` in the same run). No target: it says how
-    far one compiled call per graph goes while every sync is a dispatched op."""
+    far one compiled call per graph goes, against the regions ``userstreams`` compiles."""
     if torch.__version__.startswith("2.11."):
         case = "steps/s, fake accelerator: native inductor with streams over inductor"
         why = "Inductor 2.11 runs every kernel on one stream"

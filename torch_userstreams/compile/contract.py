@@ -4,9 +4,11 @@ A ``GraphPass`` runs on one FX graph with the graph's compile passed in (``run(g
 returning the notes of what it changed). ``run_passes`` checks that every fact a pass
 requires was ensured by an earlier one on the same graph, records each pass's result on the
 compile, and in debug mode (``TORCH_USERSTREAMS_DEBUG=1``) lints the graph after each pass.
-Every rewrite of a graph runs this way: on Dynamo's traced graph (``TracedGraph``, before
-Dynamo gives it a module), the joint graph (``passes/``) and each graph the backend
-compiles (``backends/``).
+Every pass that changes a graph in place runs this way: on Dynamo's traced graph
+(``TracedGraph``, before Dynamo gives it a module), the joint graph (``passes/``) and each
+graph the backend compiles (``backends/``). The region split, which builds new graphs
+from one, requires the facts it relies on (``require``); the CPU path's stream-free copy
+(``regions.without_streams``) relies on none.
 """
 
 from __future__ import annotations

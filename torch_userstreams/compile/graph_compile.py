@@ -58,7 +58,7 @@ class GraphCompile:
     # knows them (``load_plan.report_reads``); None: any entry may be read.
     reported_reads: set[int] | None = None
     # AOTAutograd traced this graph's backward while the backend ran (its joint-graph pass
-    # ran for this compile): each call that makes autograd nodes makes a Python one.
+    # ran for this compile): its calls make AOTAutograd's Python node.
     backward_traced: bool = False
     # Dynamo's compile id of the frame this compile began for (``begin_frame``).
     frame_id: Any = None

@@ -100,8 +100,10 @@ class HandOver(enum.Enum):
 
     # No backward of this graph reads a user object: nothing to hand over.
     NONE = "none"
-    # AOTAutograd traced this graph's backward: every call that makes autograd nodes makes
-    # its Python node, which gets the binding.
+    # AOTAutograd traced this graph's backward: a call that makes autograd nodes makes its
+    # Python node (unless the backend ran the call some other way), which gets the binding;
+    # a call whose walk finds none just pays the walk. An AOTAutograd cache hit traces
+    # nothing, and the graph is watched as a foreign backend's.
     EVERY_CALL = "every call"
     # A backend the package cannot see into: hand over while the calls make a Python node,
     # and stop after ``run.bound_graph.CALLS_WITHOUT_A_PYTHON_NODE`` calls in a row make

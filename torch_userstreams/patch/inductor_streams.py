@@ -1,29 +1,36 @@
-"""Inductor's generated code for a graph with user streams: its objects resolved once per
-call, its syncs issued as methods, on every device.
+"""Inductor's generated code for a graph with user streams: its objects resolved at its start,
+its stream blocks entered on them, its syncs issued as methods, on every device.
 
 Inductor 2.12+ runs each node of a graph with user streams on its stream: the generated
-``call`` enters ``with stream1:`` (``with default_stream:`` to go back), and defines those
-names only where it enters a GPU device guard. Code for CPU tensors (plain CPU streams, the
-simulator, the fake accelerator) enters no guard, so each of its calls failed with
-``NameError: name 'stream1' is not defined``, natively too. Each sync is a ``streams::*``
-op call, which resolves its objects by index through the custom-op dispatcher on every call
-(about ten times a method call's cost on the host). While installed, the code of a graph
-with streams instead starts by resolving each user object it uses, once
-(``uN = get_external_object_by_index(N)``: the package's lookup, *this* call's object), and:
+``call`` enters the node's stream (``with stream1:``; 2.12 writes ``with
+torch.cuda.stream(stream1):``, which does nothing without CUDA and refuses a CPU stream with
+it), and defines ``streamN`` and ``default_stream`` only where it enters a GPU device guard.
+Code for CPU tensors (plain CPU streams, the simulator, the fake accelerator) enters no
+guard, so each of its calls failed with ``NameError: name 'stream1' is not defined``,
+natively too. Each sync is a ``streams::*`` op call, which resolves its objects by index
+through the custom-op dispatcher on every call (about ten times a method call's cost on the
+host). While installed, the code Inductor generates for a graph with streams instead:
 
-* defines ``streamN`` as its object, and ``default_stream`` as a null context: Inductor
-  leaves one stream's block before it enters the next, so the stream current where it
-  enters ``default_stream`` is the one the call began on;
-* issues each sync as the method of its objects (``u9.record(u0)``, ``fx.ops.SYNC_METHODS``)
-  where the op's arguments are plain table indices.
+* starts by resolving each user object it uses (``user_object9 =
+  get_external_object_by_index(9)``: the package's lookup, *this* call's object), defines
+  ``streamN`` as its object and ``default_stream`` as a null context. Inductor leaves one
+  stream's block before it enters the next, so the stream current where it enters
+  ``default_stream`` is the one the call began on;
+* enters each stream block as ``with streamN:`` (``with default_stream:``), on every
+  release;
+* issues each sync as the method of its objects (``user_object9.record(user_object0)``,
+  ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices.
 
-A GPU graph's device guard defines the stream names again, to the same streams and its
-current stream, so the CPU suite runs the lines a GPU's code starts with. C++ wrapper code
-is left as Inductor writes it.
+Where a GPU device guard defines the stream names again (to the same streams, and
+``default_stream`` to the device's current stream), its definitions win inside it; the
+definitions above are what the code has before and outside one, and what the CPU suite runs.
+C++ and FX wrapper code is left as Inductor writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +44,8 @@ _IMPORTS = (
 # Inductor's own names (``torch._inductor.stream_constants``), the same in 2.12-2.15.
 DEFAULT_STREAM = "default_stream"
 STREAM_NAME = "stream{}"
-OBJECT_NAME = "u{}"
+# Inductor names no value so (its unbacked sizes are ``u0``, ``u1``...).
+OBJECT_NAME = "user_object{}"
 
 Codegen = Callable[[Any, list[Any]], None]
 
@@ -59,8 +67,11 @@ def sync_as_method(line: Any) -> tuple[str, set[int]] | None:
     """A wrapper line that calls a sync op, as the method call on its objects, with the
     table indices it names; None for any other line, or a sync it cannot write so."""
     from torch._inductor import ir
+    from torch._inductor.codegen.wrapper import ExternKernelAllocLine
 
-    node: Any = getattr(line, "node", None)
+    if not isinstance(line, ExternKernelAllocLine):
+        return None
+    node: Any = line.node
     target = getattr(node, "op_overload", None)
     if target is None or not is_sync_op(target) or not isinstance(node.layout, ir.NoneLayout):
         return None
@@ -77,26 +88,57 @@ def sync_as_method(line: Any) -> tuple[str, set[int]] | None:
     return pattern.format(**names), {int(arg) for arg in objects.values()}
 
 
+@functools.cache
+def _stream_block_line() -> type:
+    """A wrapper line that enters a stream block as ``with streamN:`` (Inductor's own line
+    for it spells it per release)."""
+    from torch._inductor.codegen.wrapper import WrapperLine
+
+    @dataclasses.dataclass
+    class EnterUserStreamLine(WrapperLine):
+        name: str
+
+        def codegen(self, code: Any) -> None:
+            code.writeline(f"with {self.name}:")
+            code.do_indent()
+
+    return EnterUserStreamLine
+
+
+def _rewritten(line: Any, objects: set[int]) -> Any:
+    """``line`` as this module writes it (adding the objects it uses to ``objects``)."""
+    from torch._inductor.codegen.wrapper import EnterCudaStreamContextLine
+    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
+
+    if isinstance(line, EnterCudaStreamContextLine):
+        number = line.stream_idx
+        name = DEFAULT_STREAM if number == DEFAULT_STREAM_IDX else STREAM_NAME.format(number)
+        return _stream_block_line()(name)
+    direct = sync_as_method(line)
+    if direct is None:
+        return line
+    objects |= direct[1]
+    return direct[0]
+
+
 def wrap_codegen(native: Codegen) -> Codegen:
-    """The replacement of ``Scheduler._codegen``: native's code for the nodes, its syncs as
-    methods, after the definitions (a graph with one stream is left as it is)."""
+    """The replacement of ``Scheduler._codegen``: native's code for the nodes, rewritten as
+    the module docstring says (a graph with one stream is left as it is)."""
 
     @carries(native)
     def _codegen(self: Any, nodes: list[Any]) -> None:
         from torch._inductor.virtualized import V
 
-        wrapper: Any = V.graph.wrapper_code  # its lines: Inductor's objects and our strings
-        if not self._has_multi_stream_nodes() or V.graph.cpp_wrapper:
+        graph = V.graph
+        wrapper: Any = graph.wrapper_code  # its lines: Inductor's objects and our strings
+        other_wrapper = graph.cpp_wrapper or getattr(graph, "fx_wrapper", False)
+        if not self._has_multi_stream_nodes() or other_wrapper:
             native(self, nodes)
             return
         start = len(wrapper.lines)
         native(self, nodes)
         objects: set[int] = set()
-        for at in range(start, len(wrapper.lines)):
-            direct = sync_as_method(wrapper.lines[at])
-            if direct is not None:
-                wrapper.lines[at], indices = direct
-                objects |= indices
+        wrapper.lines[start:] = [_rewritten(line, objects) for line in wrapper.lines[start:]]
         for line in _IMPORTS:
             if not wrapper.imports.contains(line):
                 wrapper.imports.writeline(line)
