@@ -67,6 +67,23 @@ def watching(observer: Observer) -> Iterator[Observer]:
         _watcher.reset(token)
 
 
+# Set on a compiled graph whose outputs go to the package's compiled program (a region of
+# ``run.plan.Program``), which tells the observer what escapes from the whole program.
+_IN_A_PROGRAM = "_torch_userstreams_in_a_program"
+
+
+def part_of_a_program(compiled: Any) -> None:
+    """``compiled`` runs as one step of a compiled program: its outputs do not escape. (Only
+    Inductor's compiled graphs are asked; another compiler's result may refuse the mark.)"""
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(compiled, _IN_A_PROGRAM, True)
+
+
+def outputs_escape(compiled: Any) -> bool:
+    """Whether what ``compiled`` returns is its caller's (it is no step of a program)."""
+    return not getattr(compiled, _IN_A_PROGRAM, False)
+
+
 def tensors_in(values: Any) -> list[torch.Tensor]:
     """The tensors among ``values`` (nested lists and tuples included)."""
     found: list[torch.Tensor] = []

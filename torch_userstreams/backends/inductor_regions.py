@@ -38,6 +38,7 @@ from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import mark_graph_phase
 from ..fx.subgraphs import held_by
+from ..observe import part_of_a_program
 from ..passes import sync_inference_graph_in_backend
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
@@ -180,6 +181,7 @@ class StreamRegionsCompiler:
         examples = [node.meta["val"] for node in module.inputs]
         with strides.region(module.outputs):
             compiled = self.compile_region(module.gm, examples, **region_kwargs)
+        part_of_a_program(compiled)
         return Step(
             compiled,
             args,

@@ -5,8 +5,10 @@ backward, and orders it as a GPU would:
 
 * each kernel: every aten op the dispatcher runs (each node of ``userstreams_aot_eager``,
   each op of a region run as its graph, the autograd engine's own ops, the user's eager
-  code), and each call of Inductor-compiled code as one kernel that reads its tensor inputs
-  and writes its outputs and the inputs it mutates. Each runs on the stream entered last
+  code), and each C++ kernel of Inductor's compiled code, with what it reads and writes
+  (``compiled_kernels``: native Inductor 2.12+ runs a graph's streams in one call); code it
+  cannot see into counts as one kernel that reads its tensor inputs and writes its outputs
+  and the inputs it mutates. Each runs on the stream entered last
   (``with stream:``) inside the block, else on the current stream. The autograd engine's
   ops for eager code run there too, where a GPU runs each on its forward op's stream: eager
   backward work after side-stream forward work can be reported falsely;
@@ -30,8 +32,8 @@ runs in program order), so the detector would report races a CPU cannot have.
 
 What it cannot see: work on native (non-simulated) streams (a native current stream is a
 new Python object at each query, so it is no key either), streams entered before the block,
-``record_stream`` (it has no CPU kernel), kernels of compiled code that is not Inductor's,
-and the frees of tensors a compiled forward saves for its backward (all it returns is taken
+``record_stream`` (it has no CPU kernel), kernels of compiled code that is not Inductor's
+(or are Inductor's GPU kernels), and the frees of tensors a compiled forward saves for its backward (all it returns is taken
 as the caller's).
 """
 
@@ -50,6 +52,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..observe import tensors_in, watching
+from .compiled_kernels import seen_kernel_by_kernel
 from .happens_before import StreamClocks
 from .hazards import Finding, HazardKind
 
@@ -208,6 +211,14 @@ class RaceDetector(TorchDispatchMode):
         self, name: str, reads: Sequence[torch.Tensor], writes: Sequence[torch.Tensor]
     ) -> None:
         self._issue(name, reads, writes, allocated=())
+
+    def whole_call(
+        self, reads: list[torch.Tensor], writes: list[torch.Tensor], out: list[torch.Tensor]
+    ) -> None:
+        """Compiled code it cannot see into, as one kernel (``compiled_kernels``)."""
+        inputs = {_storage_key(t) for t in (*reads, *writes) if _has_storage(t)}
+        made = [t for t in out if _storage_key(t) not in inputs]
+        self._issue("compiled graph", reads, writes, allocated=made)
 
     def escape(self, values: Any) -> None:
         with self._lock:
@@ -402,37 +413,9 @@ def detect_races(names: Mapping[str, torch.Stream] | None = None) -> Iterator[Ra
     ends. ``names`` names streams in the findings ({"side": side}); others are "the current
     stream" or "stream #k"."""
     detector = RaceDetector(names)
-    with watching(detector), detector, _compiled_code_as_kernels(detector):
+    with watching(detector), detector, seen_kernel_by_kernel(detector, detector.whole_call):
         yield detector.report
     detector.finish()
-
-
-@contextlib.contextmanager
-def _compiled_code_as_kernels(detector: RaceDetector) -> Iterator[None]:
-    """Inductor's compiled graphs run kernels the dispatcher never sees: each call counts
-    as one kernel on the current stream, reading its inputs and writing its outputs and
-    the inputs it mutates."""
-    from torch._inductor.output_code import CompiledFxGraph
-
-    native = CompiledFxGraph.__call__
-
-    def call(self: CompiledFxGraph, inputs: Sequence[Any]) -> Any:
-        args = list(inputs)  # boxed: the callee clears the list
-        out = native(self, inputs)
-        mutated = getattr(self, "mutated_input_idxs", ())
-        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        reads = [a for i, a in tensors if i not in mutated]
-        writes = [a for i, a in tensors if i in mutated]
-        inputs_seen = {_storage_key(a) for _, a in tensors if _has_storage(a)}
-        made = [t for t in tensors_in(out) if _storage_key(t) not in inputs_seen]
-        detector._issue("compiled graph", reads, writes, allocated=made)
-        return out
-
-    CompiledFxGraph.__call__ = call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        CompiledFxGraph.__call__ = native  # type: ignore[method-assign]
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""The race detector sees Inductor's compiled code kernel by kernel.
+
+Native Inductor 2.12+ compiles a graph with several streams into one call that enters each
+stream block inside it, so counting the call as one kernel on one stream would hide every
+race between its kernels. ``testing.compiled_kernels`` watches each C++ kernel of the
+generated module instead (what it reads and writes, from the ``const`` in its definition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from test_races import TORCH, gpu, joined, run_steps, unjoined
+
+from torch_userstreams.observe import outputs_escape, part_of_a_program, watching
+from torch_userstreams.testing.compiled_kernels import KernelView, written_arguments
+from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream
+from torch_userstreams.testing.hazards import HazardKind
+
+__all__ = ["gpu"]  # the fixture, used by name
+
+SOURCE = """
+cpp_fused_add_0 = async_compile.cpp_pybinding(['const float*', 'float*', 'const int64_t'], r'''
+extern "C" void kernel(const float* in_ptr0, float* out_ptr0, const int64_t ks0) {}
+''')
+cpp_fused_mul_1 = async_compile.cpp_pybinding(['float*'], r'''...''')
+
+def call(args):
+    a, b = args
+    cpp_fused_add_0(a, b, 4)
+    cpp_fused_mul_1(b)
+    return (b,)
+"""
+
+
+def test_each_kernels_accesses_come_from_its_definition() -> None:
+    assert written_arguments(SOURCE) == {
+        "cpp_fused_add_0": (False, True, None),
+        "cpp_fused_mul_1": (True,),
+    }
+
+
+class Told:
+    """An observer that keeps the kernels and escapes it is told of."""
+
+    def __init__(self) -> None:
+        self.kernels: list[tuple[str, list[int], list[int]]] = []
+
+    def kernel(self, name: str, reads: Sequence[torch.Tensor], writes: Sequence[torch.Tensor]):
+        self.kernels.append((name, [id(t) for t in reads], [id(t) for t in writes]))
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: None
+
+
+def generated_module() -> tuple[dict[str, Any], Any]:
+    calls: list[str] = []
+    namespace: dict[str, Any] = {
+        "async_compile": None,
+        "cpp_fused_add_0": lambda *args: calls.append("add"),
+        "cpp_fused_mul_1": lambda *args: calls.append("mul"),
+    }
+    exec(compile(SOURCE[SOURCE.index("def call") :], "<generated>", "exec"), namespace)
+    namespace["calls"] = calls
+    return namespace, SimpleNamespace(current_callable=namespace["call"], source_code=SOURCE)
+
+
+def test_a_watched_module_tells_each_kernel_and_is_restored() -> None:
+    namespace, compiled = generated_module()
+    natives = {name: namespace[name] for name in ("cpp_fused_add_0", "cpp_fused_mul_1")}
+    a, b = torch.ones(2), torch.zeros(2)
+    view, told = KernelView(), Told()
+    assert view.watch(compiled) and view.watch(compiled)  # the second time: already watched
+    namespace["call"]([a, b])  # nobody watches: the kernels run, nothing is told
+    with watching(told):  # type: ignore[arg-type]
+        namespace["call"]([a, b])
+    assert told.kernels == [
+        ("cpp_fused_add_0", [id(a)], [id(b)]),
+        ("cpp_fused_mul_1", [], [id(b)]),
+    ]
+    assert namespace["calls"] == ["add", "mul", "add", "mul"]
+    view.restore()
+    assert {name: namespace[name] for name in natives} == natives
+
+
+def test_code_it_cannot_see_into_is_one_kernel() -> None:
+    """A module whose call is no function of it, or one that lacks a kernel its source
+    defines, is not watched kernel by kernel."""
+    namespace, compiled = generated_module()
+    assert not KernelView().watch(SimpleNamespace(current_callable=object(), source_code=SOURCE))
+    del namespace["cpp_fused_mul_1"]
+    view = KernelView()
+    assert not view.watch(compiled)
+    view.restore()
+
+
+def test_a_region_of_a_program_keeps_its_outputs() -> None:
+    region, graph = SimpleNamespace(), SimpleNamespace()
+    part_of_a_program(region)
+    part_of_a_program(len)  # a builtin refuses the mark: nothing to say of it
+    assert not outputs_escape(region) and outputs_escape(graph)
+
+
+native_one_call = pytest.mark.skipif(
+    TORCH < (2, 12), reason="Inductor 2.11 runs every kernel of a graph on one stream"
+)
+
+
+@pytest.mark.usefixtures("installed")
+@native_one_call
+def test_a_race_between_two_kernels_of_one_native_call_is_found(
+    gpu: FakeAcceleratorStream,
+) -> None:
+    """``unjoined`` compiled by native Inductor: one call runs ``mm`` on the side stream and
+    the C++ kernel that sums its result on main, with no sync between them. Counted as one
+    kernel, the call hid it."""
+    report = run_steps(unjoined, "inductor", gpu)
+    inside = [
+        f
+        for f in report.findings
+        if "(graph unjoined" in f.first
+        and "(graph unjoined" in f.second
+        and f.first_stream != f.second_stream
+    ]
+    assert any(
+        f.first.startswith("mm.out")
+        and f.second.startswith("cpp_fused_relu_sum")
+        and f.second_stream == id(gpu)
+        for f in inside
+    ), str(report)
+
+
+@pytest.mark.usefixtures("installed")
+@native_one_call
+def test_native_inductor_orders_a_backward_kernel_after_its_entry_wait(
+    gpu: FakeAcceleratorStream,
+) -> None:
+    """Found by this view (docs/limits.md): in ``joined``'s backward the side stream must
+    wait for the gradient main made before it reads it. Inductor 2.12 and 2.13 order no
+    later reader after a ``wait_event`` (2.13 orders them after a ``wait_stream`` only), so
+    they fuse the kernel that reads the gradient with one that runs before the wait, and
+    the call issues the wait after that kernel: one race per step. Inductor 2.14+ orders
+    every reader of a sync's passed-through values after it, and the call is race-free.
+    ``userstreams`` (regions) runs the program race-free on every release (test_races)."""
+    report = run_steps(joined, "inductor", gpu)
+    found = {(f.kind, f.first.split(" (")[0], f.second.split(" (")[0]) for f in report.findings}
+    if TORCH < (2, 14):
+        expected = {(HazardKind.RAW, "ones_like", "cpp_fused_expand_threshold_backward_0")}
+        assert found == expected and len(report.findings) == 2, str(report)
+    else:
+        assert report, str(report)
+        assert report.kernels > 10, str(report)
