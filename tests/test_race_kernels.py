@@ -8,15 +8,18 @@ generated module instead (what it reads and writes, from the ``const`` in its de
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from pass_programs import simulated_eager
 from test_races import TORCH, gpu, joined, run_steps, unjoined
 
 from torch_userstreams.observe import outputs_escape, part_of_a_program, watching
+from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.compiled_kernels import KernelView, written_arguments
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream
 from torch_userstreams.testing.hazards import HazardKind
@@ -115,22 +118,16 @@ native_one_call = pytest.mark.skipif(
 def test_a_race_between_two_kernels_of_one_native_call_is_found(
     gpu: FakeAcceleratorStream,
 ) -> None:
-    """``unjoined`` compiled by native Inductor: one call runs ``mm`` on the side stream and
-    the C++ kernel that sums its result on main, with no sync between them. Counted as one
-    kernel, the call hid it."""
+    """``unjoined`` compiled by native Inductor: one call runs ``relu`` on the side stream
+    and the C++ kernel that sums its result on main, with no sync between them. Counted as
+    one kernel, the call hid it."""
     report = run_steps(unjoined, "inductor", gpu)
-    inside = [
-        f
-        for f in report.findings
-        if "(graph unjoined" in f.first
-        and "(graph unjoined" in f.second
-        and f.first_stream != f.second_stream
-    ]
     assert any(
-        f.first.startswith("mm.out")
-        and f.second.startswith("cpp_fused_relu_sum")
+        f.first.startswith("cpp_fused_relu_0 (graph unjoined")
+        and f.second.startswith("cpp_fused_sum_1 (graph unjoined")
         and f.second_stream == id(gpu)
-        for f in inside
+        and f.first_stream != id(gpu)
+        for f in report.findings
     ), str(report)
 
 
@@ -154,3 +151,42 @@ def test_native_inductor_orders_a_backward_kernel_after_its_entry_wait(
     else:
         assert report, str(report)
         assert report.kernels > 10, str(report)
+
+
+def two_sides(w: torch.Tensor, s0: torch.Stream, s1: torch.Stream) -> tuple[torch.Tensor, ...]:
+    with s0:
+        a = w.sin()
+    with s1:
+        b = w * 0.5
+    return a, b
+
+
+def kernel_blocks(code: str) -> dict[str, str]:
+    """Each C++ kernel the generated ``call`` runs, with the stream block it runs in."""
+    blocks, block = {}, ""
+    for line in code[code.index("def call") :].splitlines():
+        entered = re.match(r"\s+with (\w+):$", line)
+        if entered:
+            block = entered.group(1)
+        called = re.match(r"\s+(cpp_fused_\w+)\(", line)
+        if called:
+            blocks[called.group(1)] = block
+    return blocks
+
+
+@pytest.mark.usefixtures("installed")
+@native_one_call
+def test_nodes_of_two_streams_never_share_a_cpp_kernel() -> None:
+    """Inductor's C++ backend writes a kernel's call when it is flushed, and Inductor changed
+    stream blocks without flushing it: ``w.sin()`` on one stream and ``w * 0.5`` on another
+    became ``cpp_fused_mul_sin_0``, run on one of them (``patch.inductor_streams``)."""
+    from torch._inductor.utils import run_and_get_code
+
+    w, s0, s1 = torch.rand(4), SimStream(device="cpu"), SimStream(device="cpu")
+    with simulated_eager():
+        expected = two_sides(w, s0, s1)
+    out, code = run_and_get_code(torch.compile(two_sides, backend="inductor"), w, s0, s1)
+    torch.testing.assert_close(out, expected)
+    blocks = kernel_blocks(code[0])
+    assert len(blocks) == 2 and len(set(blocks.values())) == 2, code[0]
+    assert {name.split("_")[2] for name in blocks} == {"sin", "mul"}, blocks

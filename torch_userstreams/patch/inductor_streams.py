@@ -19,7 +19,8 @@ host). While installed, the code Inductor generates for a graph with streams ins
 * enters each stream block as ``with streamN:`` (``with default_stream:``), on every
   release;
 * issues each sync as the method of its objects (``user_object9.record(user_object0)``,
-  ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices.
+  ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices;
+* never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``).
 
 Where a GPU device guard defines the stream names again (to the same streams, and
 ``default_stream`` to the device's current stream), its definitions win inside it; the
@@ -29,9 +30,10 @@ C++ and FX wrapper code is left as Inductor writes it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, is_sync_op, op_name
@@ -121,6 +123,32 @@ def _rewritten(line: Any, objects: set[int]) -> Any:
     return direct[0]
 
 
+@contextlib.contextmanager
+def _flushed_at_each_stream_switch(scheduler: Any) -> Iterator[None]:
+    """Inductor's C++ backend gathers consecutive nodes into one kernel and writes its call
+    when flushed; Inductor enters and leaves stream blocks without flushing it, so nodes of
+    two streams became one kernel, called in the block of the last (``w.sin()`` on one
+    stream and ``w * 0.5`` on another: ``cpp_fused_mul_sin_0``, run on one of them). Each
+    stream block now flushes what it gathered before it is left, and before the next is
+    entered, as Inductor does for a device guard."""
+    native_enter = scheduler.generate_stream_ctx_enter
+    native_exit = scheduler.generate_stream_ctx_exit
+
+    def enter(node: Any) -> None:
+        scheduler.flush()
+        native_enter(node)
+
+    def exit_() -> None:
+        scheduler.flush()
+        native_exit()
+
+    scheduler.generate_stream_ctx_enter, scheduler.generate_stream_ctx_exit = enter, exit_
+    try:
+        yield
+    finally:
+        del scheduler.generate_stream_ctx_enter, scheduler.generate_stream_ctx_exit
+
+
 def wrap_codegen(native: Codegen) -> Codegen:
     """The replacement of ``Scheduler._codegen``: native's code for the nodes, rewritten as
     the module docstring says (a graph with one stream is left as it is)."""
@@ -136,7 +164,8 @@ def wrap_codegen(native: Codegen) -> Codegen:
             native(self, nodes)
             return
         start = len(wrapper.lines)
-        native(self, nodes)
+        with _flushed_at_each_stream_switch(self):
+            native(self, nodes)
         objects: set[int] = set()
         wrapper.lines[start:] = [_rewritten(line, objects) for line in wrapper.lines[start:]]
         for line in _IMPORTS:

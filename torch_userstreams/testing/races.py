@@ -33,8 +33,8 @@ runs in program order), so the detector would report races a CPU cannot have.
 What it cannot see: work on native (non-simulated) streams (a native current stream is a
 new Python object at each query, so it is no key either), streams entered before the block,
 ``record_stream`` (it has no CPU kernel), kernels of compiled code that is not Inductor's
-(or are Inductor's GPU kernels), and the frees of tensors a compiled forward saves for its backward (all it returns is taken
-as the caller's).
+(or are Inductor's GPU kernels), and the frees of tensors a compiled forward saves for its
+backward (all it returns is taken as the caller's).
 """
 
 from __future__ import annotations
