@@ -91,14 +91,48 @@ def test_a_watched_module_tells_each_kernel_and_is_restored() -> None:
 
 
 def test_code_it_cannot_see_into_is_one_kernel() -> None:
-    """A module whose call is no function of it, or one that lacks a kernel its source
-    defines, is not watched kernel by kernel."""
+    """Not seen kernel by kernel: a call that is no function of the module, a call torch
+    wrapped in its own code (whose globals are not the module's), a module that defines a
+    GPU kernel, one that lacks a kernel its source defines."""
     namespace, compiled = generated_module()
-    assert not KernelView().watch(SimpleNamespace(current_callable=object(), source_code=SOURCE))
+    call = namespace["call"]
+    unseen = [
+        SimpleNamespace(current_callable=object(), source_code=SOURCE),
+        SimpleNamespace(current_callable=lambda args: call(args), source_code=SOURCE),
+        SimpleNamespace(
+            current_callable=call,
+            source_code=SOURCE + "triton_poi_0 = async_compile.triton('triton_poi_0', '')\n",
+        ),
+    ]
+    assert not any(KernelView().watch(c) for c in unseen)
     del namespace["cpp_fused_mul_1"]
     view = KernelView()
     assert not view.watch(compiled)
     view.restore()
+
+
+def test_a_kernel_called_otherwise_than_defined_writes_every_tensor() -> None:
+    namespace, compiled = generated_module()
+    view, told = KernelView(), Told()
+    view.watch(compiled)
+    a, b = torch.ones(2), torch.zeros(2)
+    with watching(told):  # type: ignore[arg-type]
+        namespace["cpp_fused_add_0"](a, b)  # two arguments where three are defined
+    view.restore()
+    assert told.kernels == [("cpp_fused_add_0", [], [id(a), id(b)])]
+
+
+def test_nested_blocks_wrap_each_kernel_once() -> None:
+    namespace, compiled = generated_module()
+    outer, inner = KernelView(), KernelView()
+    outer.watch(compiled)
+    wrapped = namespace["cpp_fused_add_0"]
+    inner.watch(compiled)
+    assert namespace["cpp_fused_add_0"] is wrapped
+    inner.restore()
+    assert namespace["cpp_fused_add_0"] is wrapped
+    outer.restore()
+    assert namespace["cpp_fused_add_0"] is not wrapped
 
 
 def test_a_region_of_a_program_keeps_its_outputs() -> None:
@@ -163,11 +197,15 @@ def two_sides(w: torch.Tensor, s0: torch.Stream, s1: torch.Stream) -> tuple[torc
 
 def kernel_blocks(code: str) -> dict[str, str]:
     """Each C++ kernel the generated ``call`` runs, with the stream block it runs in."""
-    blocks, block = {}, ""
+    blocks: dict[str, str] = {}
+    block, depth = "", 0
     for line in code[code.index("def call") :].splitlines():
-        entered = re.match(r"\s+with (\w+):$", line)
+        indent = len(line) - len(line.lstrip())
+        if block and line.strip() and indent <= depth:
+            block = ""  # the block ended
+        entered = re.match(r"(\s+)with (\w+):$", line)
         if entered:
-            block = entered.group(1)
+            block, depth = entered.group(2), len(entered.group(1))
         called = re.match(r"\s+(cpp_fused_\w+)\(", line)
         if called:
             blocks[called.group(1)] = block
@@ -188,5 +226,12 @@ def test_nodes_of_two_streams_never_share_a_cpp_kernel() -> None:
     out, code = run_and_get_code(torch.compile(two_sides, backend="inductor"), w, s0, s1)
     torch.testing.assert_close(out, expected)
     blocks = kernel_blocks(code[0])
-    assert len(blocks) == 2 and len(set(blocks.values())) == 2, code[0]
-    assert {name.split("_")[2] for name in blocks} == {"sin", "mul"}, blocks
+    by_op = {name.split("_")[2]: block for name, block in blocks.items()}
+    assert set(by_op) == {"sin", "mul"} and len(blocks) == 2, code[0]
+    # Each in a block of its own stream: sin's on s0, mul's on s1.
+    defined = dict(re.findall(r"^ +(stream\d+) = (user_object\d+)$", code[0], re.M))
+    lookup = r"^ +(user_object\d+) = get_external_object_by_index\((\d+)\)$"
+    resolved = dict(re.findall(lookup, code[0], re.M))
+    index = {by_op[op]: int(resolved[defined[by_op[op]]]) for op in by_op}
+    assert index[by_op["sin"]] != index[by_op["mul"]], code[0]
+    assert index[by_op["sin"]] < index[by_op["mul"]], code[0]  # s0 was met first

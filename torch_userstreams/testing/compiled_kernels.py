@@ -11,9 +11,12 @@ module's namespace with one that tells the running observer (``observe.watcher()
 reads and writes before it runs, on the stream the code entered last. Which pointer
 arguments a kernel writes is read from its definition in the module's source
 (``name = async_compile.cpp_pybinding(['const float*', 'float*', ...], ...)``: a
-``const`` pointer is only read). Code it cannot see into that way (a module whose call is
-not a plain function of it, GPU kernels) counts as one kernel on the stream current at the
-call, reading its inputs and writing its outputs and the inputs it mutates, as before.
+``const`` pointer is only read; an in-place one is written, so a race on it is reported as
+write-after-write where it is also read-after-write). A kernel already watched (a nested
+block) is not wrapped again. Code it cannot see into that way (a module whose call is not
+its own ``call``, one that defines a GPU or Halide kernel) counts as one kernel on the
+stream current at the call, reading its inputs and writing its outputs and the inputs it
+mutates, as before.
 
 Either way, what a graph's call returns is the caller's memory (``Observer.escape``), as it
 is for the package's own compiled programs and in the static checker; a region of such a
@@ -34,6 +37,9 @@ from ..observe import Observer, outputs_escape, tensors_in, watcher
 
 # One C++ kernel's definition in Inductor's generated Python module (2.11-2.15).
 _DEFINITION = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\((\[[^\]]*\])", re.MULTILINE)
+# Any kernel's definition (``triton``, ``halide``, ``cpp_pybinding``...).
+_ANY_KERNEL = re.compile(r"^\w+ = async_compile\.(\w+)\(", re.MULTILINE)
+_WATCHED = "_torch_userstreams_watched"
 
 Kernel = Callable[..., Any]
 
@@ -53,31 +59,37 @@ def written_arguments(source: str) -> dict[str, tuple[bool | None, ...]]:
 def watched(name: str, native: Kernel, writes: tuple[bool | None, ...]) -> Kernel:
     """``native``, first telling the running observer (if any) what it accesses."""
 
-    def kernel(*args: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
         observer = watcher()
         if observer is not None:
-            pairs = list(zip(args, writes, strict=False))
-            tensors = [(arg, w) for arg, w in pairs if isinstance(arg, torch.Tensor)]
-            read = [arg for arg, w in tensors if w is False]
-            written = [arg for arg, w in tensors if w]
+            tensors = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)]
+            if len(args) == len(writes) and not kwargs:
+                read = [arg for arg, w in zip(args, writes, strict=True) if w is False]
+                written = [arg for arg, w in zip(args, writes, strict=True) if w]
+            else:  # not as defined: every tensor it is given may be written
+                read, written = [], tensors
             observer.kernel(name, read, written)
-        return native(*args)
+        return native(*args, **kwargs)
 
     kernel.__wrapped__ = native  # type: ignore[attr-defined]
+    setattr(kernel, _WATCHED, True)
     return kernel
 
 
 def _namespace(compiled: Any) -> dict[str, Any] | None:
-    """The generated module's globals, where its call is a plain function (or a method of
-    its ``Runner``) of that module."""
+    """The generated module's globals, where its call is that module's ``call`` (a function
+    of it, or its ``Runner``'s method); None where torch wrapped the call in code of its own
+    (whose globals are torch's), or the module defines a kernel other than a C++ one."""
     call = getattr(compiled, "current_callable", None)
     function = getattr(call, "__func__", call)
     namespace = getattr(function, "__globals__", None)
-    if not isinstance(namespace, dict) or "async_compile" not in str(
-        getattr(compiled, "source_code", "")
-    ):
+    if not isinstance(namespace, dict):
         return None
-    return namespace
+    own = namespace.get("call")
+    if getattr(own, "__func__", own) is not function:
+        return None
+    kinds = set(_ANY_KERNEL.findall(str(getattr(compiled, "source_code", ""))))
+    return namespace if kinds <= {"cpp_pybinding"} else None
 
 
 class KernelView:
@@ -100,13 +112,13 @@ class KernelView:
             self._seen[id(namespace)] = all(name in namespace for name in kernels)
             for name, writes in kernels.items():
                 native = namespace.get(name)
-                if native is not None:
+                if native is not None and not getattr(native, _WATCHED, False):
                     self._restore.append((namespace, name, native))
                     namespace[name] = watched(name, native, writes)
         return self._seen[id(namespace)]
 
     def restore(self) -> None:
-        """Every kernel as it was (in reverse, should one name have been wrapped twice)."""
+        """Every kernel as it was."""
         for namespace, name, native in reversed(self._restore):
             namespace[name] = native
         self._restore.clear()
