@@ -21,6 +21,7 @@ from . import (
     backward_order,
     cse,
     event_stream_arg,
+    inductor_order,
     inductor_streams,
     keyword_args,
     queries,
@@ -192,6 +193,16 @@ _STREAM_DEFINITIONS = PatchPoint(
     wraps=True,
 )
 
+# 2.12+ Inductor lets work after a wait_event move above it (``patch.inductor_order``).
+_SYNC_FENCES = PatchPoint(
+    SCHEDULER,
+    "Scheduler._init",
+    inductor_order.wrap_init,
+    ("self", "nodes"),
+    aliases=False,
+    wraps=True,
+)
+
 # query() breaks the graph (``patch.queries``): through each class's call_method up to 2.13,
 # through its tp_methods handler from 2.14.
 _QUERY_BY_CALL_METHOD = tuple(
@@ -238,12 +249,13 @@ _KEYWORDS_BY_TP_METHODS = _handler_points(
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
     "2.11": (*_COMMON, *_QUERY_BY_CALL_METHOD),
-    "2.12": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, *_QUERY_BY_CALL_METHOD),
-    "2.13": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, *_QUERY_BY_CALL_METHOD),
+    "2.12": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, _SYNC_FENCES, *_QUERY_BY_CALL_METHOD),
+    "2.13": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, _SYNC_FENCES, *_QUERY_BY_CALL_METHOD),
     "2.14": (
         *_COMMON,
         _WRAP_SYNCS,
         _STREAM_DEFINITIONS,
+        _SYNC_FENCES,
         *_QUERY_BY_TP_METHODS,
         *_KEYWORDS_BY_TP_METHODS,
     ),
@@ -251,6 +263,7 @@ POINTS: dict[str, tuple[PatchPoint, ...]] = {
         *_COMMON,
         _WRAP_SYNCS,
         _STREAM_DEFINITIONS,
+        _SYNC_FENCES,
         *_QUERY_BY_TP_METHODS,
         *_KEYWORDS_BY_TP_METHODS,
     ),

@@ -1,0 +1,73 @@
+"""Inductor's scheduler keeps every sync where the graph put it: no work crosses a sync.
+
+Inductor 2.12+ orders a sync (a ``control_deps`` node) after the work it names, and a wait
+after its record, but nothing orders the work *after* a ``wait_event`` after the wait: the
+wait's passthroughs lower to the very IR nodes they pass through (only ``wait_stream`` gets
+an ordering edge). Its scheduler then moved a side stream's kernel above the wait that
+orders it after the current stream (a backward read its incoming gradient before the
+current stream had made it; torch 2.12-2.15), and the race detector saw it on every
+generated program with a sync in its backward. While installed, Inductor orders each
+graph's operations so that a sync follows every operation before it and precedes every one
+after it, in the graph's order; between two syncs it schedules, fuses and reorders as it
+likes. That is the order the package's region path always issued, at no cost on the host
+at run time (ordering edges only: no buffer lives longer for one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..fx.ops import is_sync_op
+from ..originals import carries
+
+Init = Callable[[Any, list[Any]], None]
+
+
+def is_sync(operation: Any) -> bool:
+    """Whether an Inductor operation issues a stream sync (a ``streams::*`` fallback)."""
+    return is_sync_op(getattr(operation, "op_overload", None))
+
+
+def fences(operations: Sequence[tuple[str, Sequence[str], bool]]) -> dict[str, list[str]]:
+    """For operations in graph order (each its name, the buffers it makes, and whether it
+    is a sync), the buffers of earlier operations each must follow: a sync follows every
+    operation since the sync before it, and that sync; any other operation follows the
+    last sync before it. Inductor names an ordering by the buffers of the earlier
+    operation (a sync makes an empty one)."""
+    after: dict[str, list[str]] = {}
+    last_sync: Sequence[str] = ()
+    since: list[str] = []
+    for name, buffers, sync in operations:
+        if sync:
+            after[name] = [*since, *last_sync]
+            last_sync, since = buffers, []
+        else:
+            after[name] = list(last_sync)
+            since += buffers
+    return {name: deps for name, deps in after.items() if deps}
+
+
+def wrap_init(native: Init) -> Init:
+    """The replacement of ``Scheduler._init``: each sync fenced in (``fences``) through
+    Inductor's own ordering-only dependencies, then native's scheduling."""
+
+    @carries(native)
+    def _init(self: Any, nodes: list[Any]) -> None:
+        if any(is_sync(node) for node in nodes):
+            from torch._inductor.virtualized import V
+
+            operations = [
+                (
+                    node.get_operation_name(),
+                    [buffer.get_name() for buffer in node.get_outputs()],
+                    is_sync(node),
+                )
+                for node in nodes
+            ]
+            extra = V.graph.additional_buffer_deps
+            for name, deps in fences(operations).items():
+                extra[name].update(deps)
+        native(self, nodes)
+
+    return _init
