@@ -50,6 +50,8 @@ USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
 # and issues each sync as their method). A diagnostic for issue 38: what one compiled call
 # per graph gives, beside the package's regions.
 ONE_CALL = "native inductor with streams, installed"
+# The package's own one call per graph (``options={"userstreams.one_call": True}``).
+USERSTREAMS_ONE_CALL = "userstreams, one call"
 
 
 class FakeAcceleratorBlock(SideStreamBlock):
@@ -74,9 +76,11 @@ def model(streams: bool) -> DemoModel:
     return built
 
 
-def trainer(backend: str, streams: bool) -> tuple[DemoModel, object]:
+def trainer(
+    backend: str, streams: bool, options: dict[str, object] | None = None
+) -> tuple[DemoModel, object]:
     net = model(streams)
-    loss_of = torch.compile(ForwardAndLoss(net), backend=backend)
+    loss_of = torch.compile(ForwardAndLoss(net), backend=backend, options=options)
     optimizer = torch.optim.SGD(net.parameters(), lr=LR)
 
     def step(batch: Batch) -> None:
@@ -100,7 +104,8 @@ def steps_per_s(step: object, batches: list[Batch]) -> float:
 def interleaved(rounds: int, block: int, *, one_call: bool = False) -> dict[str, list[float]]:
     """steps/s of blocks of ``block`` steps, the contenders taking turns (order reversed
     every round), on the fake accelerator with GPU semantics. ``one_call`` adds native
-    Inductor on the model with streams, while installed (``ONE_CALL``)."""
+    Inductor on the model with streams, while installed (``ONE_CALL``), and ``userstreams``
+    asked for one call per graph (``USERSTREAMS_ONE_CALL``)."""
     batches = make_batches(block, BATCH, DIM, torch.device("cpu"), SEED)
     with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
         steps = {
@@ -109,6 +114,8 @@ def interleaved(rounds: int, block: int, *, one_call: bool = False) -> dict[str,
         }
         if one_call:
             steps[ONE_CALL] = trainer("inductor", True)[1]
+            whole = {"userstreams.one_call": True}
+            steps[USERSTREAMS_ONE_CALL] = trainer("userstreams", True, whole)[1]
         for step in steps.values():  # compile and warm up
             steps_per_s(step, batches[:3])
         samples: dict[str, list[float]] = {name: [] for name in steps}
@@ -147,16 +154,17 @@ def rows(rounds: int, block: int) -> list[Row]:
 
 
 def one_call_rows(rounds: int, block: int) -> list[Row]:
-    """Native Inductor's one call per graph, with the model's streams, against Inductor on
-    the model without streams (and ``userstreams`` in the same run). No target: it says how
-    far one compiled call per graph goes, against the regions ``userstreams`` compiles."""
+    """One call per graph, with the model's streams (native Inductor installed, and
+    ``userstreams`` asked for it), against Inductor on the model without streams, and
+    ``userstreams``'s regions in the same run. No target: it says how far one compiled
+    call per graph goes, against the regions ``userstreams`` compiles by default."""
     if torch.__version__.startswith("2.11."):
         case = "steps/s, fake accelerator: native inductor with streams over inductor"
         why = "Inductor 2.11 runs every kernel on one stream"
         return [Row(BENCH, case, None, None, "steps/s", skipped=True, details={"why": why})]
     samples = interleaved(rounds, block, one_call=True)
     rows = []
-    for name in (ONE_CALL, USERSTREAMS):
+    for name in (ONE_CALL, USERSTREAMS_ONE_CALL, USERSTREAMS):
         pairs = list(zip(samples[name], samples[INDUCTOR], strict=True))
         rows.append(
             Row(

@@ -1,8 +1,10 @@
 """``torch.compile`` backends that use the package, registered by name via entry points.
 
 * ``userstreams``: Inductor, with the package's table, prologue and passes; a graph that
-  uses streams is compiled region by region and each region runs on its own stream
-  (``inductor_regions``); on CPU it is one Inductor graph without its syncs.
+  uses streams is compiled region by region, each region run on its own stream, or, asked
+  with ``options={"userstreams.one_call": True}`` (torch 2.12+), as one call that runs each
+  node on its stream (``inductor_regions``); on CPU it is one Inductor graph without its
+  syncs.
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``executor``) — for debugging stream programs.
 
@@ -101,25 +103,28 @@ def userstreams_backend(
     mode: str | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
-    """Inductor with torch_userstreams installed, each stream region compiled by Inductor
-    and run on its stream. ``mode`` and ``options`` (``torch.compile``'s) are Inductor's,
-    for the forward and the backward. ``on_graph`` (for ``testing.capture``) sees each
-    forward and backward graph before it is compiled."""
+    """Inductor with torch_userstreams installed: each forward and backward graph with
+    streams is compiled region by region, or, with ``options={"userstreams.one_call":
+    True}`` on torch 2.12+, as one compiled call (``inductor_regions``). The other
+    ``mode`` and ``options`` (``torch.compile``'s) are Inductor's, for the forward and the
+    backward. ``on_graph`` (for ``testing.capture``) sees each forward and backward graph
+    before it is compiled."""
     compile_ = _compile_of("userstreams", gm)
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     from .cache_tag import own_cache_entries, tagged
-    from .inductor_options import config_patches
+    from .inductor_options import config_patches, package_options
     from .inductor_regions import compile_fx_with_regions
     from .regions import has_stream_work
 
+    whole, options = package_options(options)
     patches = config_patches(mode, options)
     with own_cache_entries():
         if compile_ is None or not has_stream_work(gm):
             inner = tagged(compile_fx_inner)
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
         return compile_fx_with_regions(
-            gm, example_inputs, compile_, on_graph=on_graph, config_patches=patches
+            gm, example_inputs, compile_, on_graph=on_graph, config_patches=patches, one_call=whole
         )
 
 
@@ -133,9 +138,10 @@ def userstreams_aot_eager_backend(
     ``aot_eager`` it takes ``torch.compile``'s ``mode`` and ``options`` and ignores them:
     they configure Inductor, which this backend does not use. Unknown names are refused,
     known ones named in a warning."""
-    from .inductor_options import warn_ignored
+    from .inductor_options import package_options, warn_ignored
 
-    warn_ignored(mode, options)
+    # Each node runs on its own stream here, whatever way ``userstreams`` would compile it.
+    warn_ignored(mode, package_options(options)[1])
     compile_ = _compile_of("userstreams_aot_eager", gm)
     if compile_ is None:
         from torch._dynamo.backends.debugging import aot_eager

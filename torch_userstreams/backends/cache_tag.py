@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,20 @@ def own_cache_entries() -> Iterator[None]:
         yield
         return
     with torch.compiler.config.patch(cache_key_tag=f"{tag}|{TAG}"):  # type: ignore[attr-defined]
+        yield
+
+
+@contextlib.contextmanager
+def keyed_by_streams(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Compile a graph Inductor runs on several streams under a key that names each node's
+    stream: its code alone is the same as that of the same ops on other streams (or on
+    none), whose compiled code would run them where this graph does not."""
+    from ..fx.meta import stream_of
+
+    placed = [(node.name, stream_of(node)) for node in gm.graph.nodes]
+    digest = hashlib.sha256(repr(placed).encode()).hexdigest()[:16]
+    tag = torch.compiler.config.cache_key_tag  # type: ignore[attr-defined]
+    with torch.compiler.config.patch(cache_key_tag=f"{tag}|streams={digest}"):  # type: ignore[attr-defined]
         yield
 
 

@@ -15,6 +15,18 @@ from typing import Any
 
 from ..errors import UnsupportedPathError
 
+# The package's own option: compile each graph with streams as one call (torch 2.12+).
+ONE_CALL_OPTION = "userstreams.one_call"
+
+
+def package_options(options: Any) -> tuple[bool, Any]:
+    """Whether ``options`` asks for one compiled call per graph, and the options left for
+    Inductor (``options`` as given where it is not a dict: ``config_patches`` refuses it)."""
+    if not isinstance(options, dict) or ONE_CALL_OPTION not in options:
+        return False, options
+    rest = {key: value for key, value in options.items() if key != ONE_CALL_OPTION}
+    return bool(options[ONE_CALL_OPTION]), rest
+
 
 def config_patches(
     mode: str | None, options: dict[str, Any] | None, *, backend: str = "userstreams"

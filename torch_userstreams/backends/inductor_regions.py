@@ -1,29 +1,35 @@
 """The ``userstreams`` backend's compiler for each forward and backward graph.
 
-Inductor (torch 2.11-2.15) issues a region's work on the compute stream whatever its
-annotation says, and cannot generate stream code for CPU graphs at all. So AOTAutograd's
-graphs (after the package's passes and the partitioner) reach Inductor in pieces it can
-compile well, and the package runs the pieces on their streams:
+AOTAutograd's graphs (after the package's passes and the partitioner) reach it with each
+node's stream annotated and every sync in place. It compiles:
 
-* a graph with no stream annotation and no sync: compiled as is;
-* a graph whose streams and events are all CPU objects: compiled as one graph with its
-  annotations and syncs removed. That is exact: a CPU stream runs nothing asynchronously,
-  every op runs in program order on the host, so every sync is already satisfied when it
-  would be issued, and no value or lifetime changes;
-* otherwise: split into regions of one stream each (``regions.split``); each region is
-  compiled by Inductor on its own, except one of a single kernel, which runs as its graph
-  (``regions.at_most_one_kernel``); at run time the host enters each region's stream
-  (resolved from the call's binding; a region of views alone launches nothing and enters
-  none), launches it (after the first call, through the ``call`` Inductor generated), and
-  issues the syncs between regions in graph order (``plan``). A region compiled by
-  Inductor is plain stream-free code, so Inductor's caches serve it like any other graph.
+* a graph with no stream annotation and no sync: as is;
+* a graph whose streams and events are all CPU objects: as one graph with its annotations
+  and syncs removed. That is exact: a CPU stream runs nothing asynchronously, every op runs
+  in program order on the host, so every sync is already satisfied when it would be issued,
+  and no value or lifetime changes;
+* otherwise, where asked (``options={"userstreams.one_call": True}``) and Inductor runs
+  each node of a graph on its own stream (torch 2.12+): as **one compiled call**
+  (``whole``). Inductor places each node on its stream; while the package is installed
+  its scheduler keeps every sync where the graph put it (``patch.inductor_order``) and its
+  code resolves the call's objects once and issues each sync as their method
+  (``patch.inductor_streams``). A graph with a data-dependent size stays regions;
+* otherwise (the default; on torch 2.11, whose Inductor runs every kernel on one stream,
+  always): split into regions of one stream each
+  (``regions.split``); each region is compiled by Inductor on its own, except one of a
+  single kernel, which runs as its graph (``regions.at_most_one_kernel``); at run time the
+  host enters each region's stream (resolved from the call's binding; a region of views
+  alone launches nothing and enters none), launches it (after the first call, through the
+  ``call`` Inductor generated), and issues the syncs between regions in graph order
+  (``plan``). A region compiled by Inductor is plain stream-free code, so Inductor's caches
+  serve it like any other graph.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -43,7 +49,7 @@ from ..passes import sync_inference_graph_in_backend
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from . import reuse_syncs
-from .cache_tag import tagged
+from .cache_tag import keyed_by_streams, tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
@@ -51,6 +57,7 @@ from .regions import (
     FACTORIES_PASS,
     Region,
     at_most_one_kernel,
+    factories_on_their_readers_stream,
     has_side_effects,
     has_stream_work,
     kernels_launched,
@@ -85,8 +92,10 @@ class StreamRegionsCompiler:
         compile_: GraphCompile | None,
         compile_region: Compiler,
         on_graph: GraphHook | None = None,
+        one_call: bool = False,
     ) -> None:
         self.compile_ = compile_
+        self.one_call = one_call
         self.table = None if compile_ is None else compile_.table
         self.compile_region = compile_region
         self.on_graph = on_graph
@@ -116,6 +125,8 @@ class StreamRegionsCompiler:
                 stripped = without_streams(gm)
                 self._note_reads(stripped, kwargs)
                 return self.compile_region(stripped, example_inputs, **kwargs)
+            if self.one_call and not has_data_dependent_sizes(gm):
+                return self.whole(gm, example_inputs, kwargs)
             return self.partitioned(gm, kwargs)
 
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
@@ -126,9 +137,22 @@ class StreamRegionsCompiler:
             reads = set().union(*(referenced_indices(m.graph) for m in held_by(gm)))
             report_reads(self.compile_, reads, backward=bool(kwargs.get("is_backward")))
 
+    def whole(self, gm: torch.fx.GraphModule, example_inputs: Any, kwargs: dict[str, Any]) -> Any:
+        """The graph as one compiled call, its streams and syncs Inductor's to issue."""
+        if getattr(kwargs.get("cudagraphs"), "value", False):
+            backward = bool(kwargs.get("is_backward"))
+            _skip_cudagraphs(gm, self.table, backward=backward, one_call=True)
+        _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
+        run_passes(gm, (FACTORIES_PASS,), self.compile_)
+        factories_on_their_readers_stream(gm)
+        whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
+        with keyed_by_streams(gm):
+            return self.compile_region(gm, example_inputs, **whole_kwargs)
+
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
-            _skip_cudagraphs(gm, self.table, backward=bool(kwargs.get("is_backward")))
+            backward = bool(kwargs.get("is_backward"))
+            _skip_cudagraphs(gm, self.table, backward=backward, one_call=False)
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         require(gm, SPLIT_REQUIRES, "the region split", self.compile_)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -161,7 +185,7 @@ class StreamRegionsCompiler:
         kwargs: dict[str, Any],
         strides: _OutputStrides,
     ) -> Step | None:
-        _refuse_syncs_in_subgraphs(gm, region, self.table)
+        _refuse_syncs_in_subgraphs(gm, region.nodes, self.table)
         module = region_module(gm, region)
         if not module.outputs and not has_side_effects(region):
             return None  # nothing it makes is used or written: no work to launch
@@ -239,17 +263,17 @@ def the_current_stream(table: UserObjectTable | None) -> frozenset[int]:
 
 
 def _refuse_syncs_in_subgraphs(
-    gm: torch.fx.GraphModule, region: Region, table: UserObjectTable | None
+    gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node], table: UserObjectTable | None
 ) -> None:
-    """A region goes to Inductor whole, subgraphs included, and Inductor mis-orders a sync
-    inside a subgraph (it freed the branch's inputs before the kernel that read them)."""
-    for node, op in syncs_in_subgraphs(gm, region):
+    """Nodes go to Inductor with their subgraphs, and Inductor mis-orders a sync inside a
+    subgraph (it freed the branch's inputs before the kernel that read them)."""
+    for node, op in syncs_in_subgraphs(gm, nodes):
         name = table.graph_name if table is not None else "<graph>"
         body, call = construct_names(node)
         raise UnsupportedPathError(
             f"torch_userstreams: graph {name}: an event is recorded or waited ({op}) inside "
-            f"a {body}, on accelerator streams. Backend 'userstreams' runs each stream "
-            f"region through Inductor, which cannot issue a sync inside a {body}. Record "
+            f"a {body}, on accelerator streams. Backend 'userstreams' compiles its streams "
+            f"with Inductor, which cannot issue a sync inside a {body}. Record "
             f"and wait the event around {call} instead, or compile this function with "
             "backend='userstreams_aot_eager'."
         )
@@ -312,7 +336,7 @@ def _generated_call(compiled: Any) -> Callable[..., Any] | None:
 
 
 def _skip_cudagraphs(
-    gm: torch.fx.GraphModule, table: UserObjectTable | None, *, backward: bool
+    gm: torch.fx.GraphModule, table: UserObjectTable | None, *, backward: bool, one_call: bool
 ) -> None:
     """Say, the way Inductor says its own skips (its ``cudagraphs`` log, the
     ``cudagraph_skips`` counter, an error under ``triton.cudagraph_or_error``), that a graph
@@ -326,8 +350,10 @@ def _skip_cudagraphs(
     name = table.graph_name if table is not None else "<graph>"
     graph = f"graph {name} ({'backward' if backward else 'forward'})"
     regions = (
-        "backend 'userstreams' runs each stream region as a compiled call of its own, with "
-        "the syncs between them issued by the host"
+        "backend 'userstreams' captures no graph with streams as CUDA graphs yet"
+        if one_call
+        else "backend 'userstreams' runs each stream region as a compiled call of its own, "
+        "with the syncs between them issued by the host"
     )
     try:
         violations = capture_violations(gm, table)
@@ -352,6 +378,31 @@ def _skip_cudagraphs(
     )
 
 
+def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether a value of ``gm`` has a size known only at run time (``u0``). Such a graph
+    compiles as regions: Inductor 2.12-2.15 renames the size a sync passes through and
+    fails (``AssertionError: u3 -> u0``), natively too."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(node.meta.get("val")) for node in gm.graph.nodes)
+
+
+def inductor_runs_streams() -> bool:
+    """Whether this torch's Inductor runs each node of a graph on its own stream (2.12+)."""
+    from torch._inductor.scheduler import Scheduler
+
+    return hasattr(Scheduler, "_populate_stream_assignments")
+
+
+def can_compile_one_call() -> bool:
+    """Whether a graph with streams compiles as one call: Inductor runs streams, and the
+    package's patches of its scheduler and code (``patch.inductor_order``,
+    ``patch.inductor_streams``) are in place."""
+    from ..patch.install import is_installed
+
+    return inductor_runs_streams() and is_installed()
+
+
 def _no_cudagraphs() -> Any:
     """A region is one piece of a graph: CUDA graphs would have to span the syncs too."""
     from torch._inductor.utils import BoxedBool
@@ -366,8 +417,11 @@ def compile_fx_with_regions(
     compile_region: Compiler | None = None,
     on_graph: GraphHook | None = None,
     config_patches: dict[str, Any] | None = None,
+    one_call: bool = False,
 ) -> Any:
-    """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler.
+    """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler:
+    regions, or one compiled call per graph where ``one_call`` asks for it and it can be
+    (``can_compile_one_call``).
 
     AOTAutograd's cache is bypassed for such graphs: a cache hit would skip the passes,
     and with them the events they request for this graph's table. The backward compiles
@@ -379,7 +433,11 @@ def compile_fx_with_regions(
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    inner = tagged(StreamRegionsCompiler(compile_, compile_region or compile_fx_inner, on_graph))
+    whole = one_call and can_compile_one_call()
+    compiler = StreamRegionsCompiler(
+        compile_, compile_region or compile_fx_inner, on_graph, one_call=whole
+    )
+    inner = tagged(compiler)
     name = compile_.table.graph_name if compile_ is not None else "<graph>"
     log.info("torch_userstreams: graph %s bypasses AOTAutograd's cache (stream passes)", name)
     with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):

@@ -25,7 +25,7 @@ and its passthroughs as the values they pass through.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch.fx
 
 from ..compile.contract import Fact, GraphPass
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
-from ..fx.meta import RECORDS, drop_stream, record, records, stream_of
+from ..fx.meta import CUSTOM, RECORDS, drop_stream, record, records, set_stream, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
 
@@ -133,6 +133,17 @@ def runs_on(node: torch.fx.Node) -> int | None:
         return stream
     streams = _users_by_stream(node)
     return next(iter(streams)) if len(streams) == 1 else None
+
+
+def factories_on_their_readers_stream(gm: torch.fx.GraphModule) -> None:
+    """Annotate each node that ``runs_on`` a stream it is not annotated with: for a graph
+    Inductor compiles whole, where the annotation alone places a node (the seeds of random
+    ops on a side stream were made on the current stream, and read with no sync)."""
+    for node in gm.graph.nodes:
+        stream = runs_on(node) if node.op == "call_function" else None
+        if stream is not None and stream_of(node) is None:
+            node.meta[CUSTOM] = dict(node.meta.get(CUSTOM) or {})  # a copy shares its meta
+            set_stream(node, stream)
 
 
 def _users_by_stream(node: torch.fx.Node) -> dict[int | None, list[torch.fx.Node]]:
@@ -485,11 +496,11 @@ def _passes_on(reader: torch.fx.Node, operand: torch.fx.Node) -> bool:
 
 
 def syncs_in_subgraphs(
-    gm: torch.fx.GraphModule, region: Region
+    gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]
 ) -> Iterator[tuple[torch.fx.Node, str]]:
-    """(calling node, sync op) for each sync inside a subgraph a node of ``region`` calls (a
+    """(calling node, sync op) for each sync inside a subgraph one of ``nodes`` calls (a
     ``torch.cond`` branch, a ``nested_compile_region`` body), nested ones included."""
-    for node in region.nodes:
+    for node in nodes:
         for called in called_by(gm, node):
             for sub in reachable(called):
                 for inner in sub.module.graph.nodes:

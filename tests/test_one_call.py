@@ -1,0 +1,149 @@
+"""``userstreams`` compiles a graph with streams as one Inductor call where asked
+(``options={"userstreams.one_call": True}``, torch 2.12+).
+
+Inductor 2.12+ runs each node of a graph on its own stream. The backend hands it the whole
+graph, syncs in place; while installed, Inductor's scheduler keeps every sync where the
+graph put it (``patch.inductor_order``) and its code resolves the call's objects once
+(``patch.inductor_streams``). Judged as on a GPU: the fake accelerator with GPU semantics
+and the run-time race detector, which sees each C++ kernel of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import torch_userstreams
+from torch_userstreams.backends import inductor_regions
+from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+from torch_userstreams.patch import inductor_order
+from torch_userstreams.testing.capture import no_compile_caches
+from torch_userstreams.testing.fake_accelerator import (
+    FakeAcceleratorEvent,
+    FakeAcceleratorStream,
+    fake_accelerator,
+)
+from torch_userstreams.testing.races import RaceReport, detect_races
+
+needs_one_call = pytest.mark.skipif(
+    not inductor_runs_streams(),
+    reason="Inductor 2.11 runs every kernel on one stream: graphs with streams are regions",
+)
+
+
+def test_a_sync_stays_between_the_work_around_it() -> None:
+    """Each sync follows what came before it since the last sync, and that sync; other
+    work follows the last sync before it. Buffers name the ordering (a sync's is empty)."""
+    operations = [
+        ("op0", ["buf0"], False),
+        ("op1", ["buf1"], True),
+        ("op2", ["buf2"], False),
+        ("op3", [], False),
+        ("op4", ["buf4"], True),
+        ("op5", ["buf5"], True),
+        ("op6", ["buf6", "buf7"], False),
+    ]
+    assert inductor_order.fences(operations) == {
+        "op1": ["buf0"],
+        "op2": ["buf1"],
+        "op3": ["buf1"],
+        "op4": ["buf2", "buf1"],
+        "op5": ["buf4"],
+        "op6": ["buf5"],
+    }
+    assert inductor_order.fences([("op0", ["buf0"], False)]) == {}
+
+
+@pytest.fixture
+def gpu_like() -> Iterator[None]:
+    torch_userstreams.install()
+    try:
+        with fake_accelerator(gpu_semantics=True), no_compile_caches():
+            yield
+    finally:
+        torch_userstreams.uninstall()
+        torch._dynamo.reset()
+
+
+def two_side_streams(x, w, s0, s1, forked, joined0, joined1):  # type: ignore[no-untyped-def]
+    """Two side streams forked from and joined to the current stream, each with a random op
+    (Inductor seeds them from one tensor it makes) and a product the backward sums."""
+    current = torch.accelerator.current_stream()
+    forked.record(current)
+    forked.wait(s0)
+    forked.wait(s1)
+    with s0:
+        a = torch.nn.functional.dropout(w * 2, 0.5) + x
+    with s1:
+        b = torch.nn.functional.dropout(x * 3, 0.5) * w
+    joined0.record(s0)
+    joined0.wait(current)
+    joined1.record(s1)
+    joined1.wait(current)
+    return a, b
+
+
+ONE_CALL = {"userstreams.one_call": True}
+
+
+def run_with_backward(
+    backend: str, options: dict[str, Any] | None = None
+) -> tuple[RaceReport, list[str]]:
+    compiled = torch.compile(two_side_streams, backend=backend, options=options)
+    x = torch.randn(64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    events = [FakeAcceleratorEvent() for _ in range(3)]
+    objects = (FakeAcceleratorStream(), FakeAcceleratorStream(), *events)
+
+    def step() -> None:
+        a, b = compiled(x, w, *objects)
+        (a.sum() + b.sum()).backward()
+
+    with detect_races() as report:
+        _, code = run_and_get_code(step)
+    return report, code
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+def test_forward_and_backward_are_one_call_each_and_race_free() -> None:
+    report, code = run_with_backward("userstreams", ONE_CALL)
+    assert len(code) == 2, "one compiled call for the forward, one for the backward"
+    for module in code:
+        assert "get_external_object_by_index" in module and "with stream1:" in module, module
+    assert report, report
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+def test_regions_by_default() -> None:
+    report, code = run_with_backward("userstreams")
+    assert len(code) > 2, "a compiled call per region"
+    assert not any("get_external_object_by_index" in module for module in code)
+    assert report, report
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+@pytest.mark.parametrize(
+    "switched_off",
+    ["fences", "factories"],
+)
+def test_each_part_of_the_one_call_path_is_needed(
+    switched_off: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the fences, Inductor moved a side stream's backward kernel above the wait
+    that orders it after the incoming gradient; without placing the seeds on their
+    readers' stream, the random ops read seeds the current stream made."""
+    off: dict[str, tuple[Any, str, Callable[..., Any]]] = {
+        "fences": (inductor_order, "fences", lambda operations: {}),
+        "factories": (inductor_regions, "factories_on_their_readers_stream", lambda gm: None),
+    }
+    module, name, replacement = off[switched_off]
+    monkeypatch.setattr(module, name, replacement)
+    report, _ = run_with_backward("userstreams", ONE_CALL)
+    assert not report, f"switching off {switched_off} went unseen"
