@@ -11,6 +11,7 @@ and the run-time race detector, which sees each C++ kernel of the call.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -147,3 +148,37 @@ def test_each_part_of_the_one_call_path_is_needed(
     monkeypatch.setattr(module, name, replacement)
     report, _ = run_with_backward("userstreams", ONE_CALL)
     assert not report, f"switching off {switched_off} went unseen"
+
+
+def sync_between_compute(
+    x: torch.Tensor, event: torch.Event, side: torch.Stream, main: torch.Stream
+) -> torch.Tensor:
+    y = x * 3
+    event.record(side)
+    event.wait(main)
+    return y.cos()
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+@pytest.mark.parametrize("flushed", [True, False])
+def test_work_on_either_side_of_a_sync_is_never_one_kernel(
+    flushed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``x * 3`` before a record and its ``.cos()`` after a wait: Inductor's C++ backend
+    gathered them into one kernel, called after the wait, and freed ``x`` before it
+    (``UnboundLocalError``). Each sync now flushes the kernel gathered before it."""
+    if not flushed:
+        monkeypatch.setattr(inductor_order, "flushed_at_syncs", lambda *_: nullcontext())
+    compiled = torch.compile(sync_between_compute, backend="userstreams", options=ONE_CALL)
+    x, event, main = torch.randn(5), FakeAcceleratorEvent(), torch.accelerator.current_stream()
+    if not flushed:
+        with pytest.raises(UnboundLocalError):
+            compiled(x, event, FakeAcceleratorStream(), main)
+        return
+    out, [code] = run_and_get_code(compiled, x, event, FakeAcceleratorStream(), main)
+    torch.testing.assert_close(out, (x * 3).cos())
+    call = code[code.index("def call") :]
+    parts = ("cpp_fused_mul_0(", "record", "wait", "cpp_fused_cos_1(")
+    order = [call.index(part) for part in parts]
+    assert order == sorted(order), call

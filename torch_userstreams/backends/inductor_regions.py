@@ -74,6 +74,13 @@ Compiler = Callable[..., Any]
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
 
+# Inductor 2.12-2.15 keys a buffer's reuse by its stream through the buffer's mutations, and
+# the ordering it gives a ``wait_stream`` mutates the values it passes: a buffer made and read
+# on the current stream took the side stream's key, and a side-stream kernel reused its memory
+# while the current stream could still read it (found by the race detector on a generated
+# program). A graph compiled as one call reuses no buffer (memory for correctness).
+NO_REUSE_ACROSS_STREAMS = {"allow_buffer_reuse": False, "inplace_buffers": False}
+
 # What each graph with stream work has had done before its region split, by the passes that
 # run on every such graph the backend compiles (``reuse_syncs.PASS``, then
 # ``regions.FACTORIES_PASS``).
@@ -139,6 +146,8 @@ class StreamRegionsCompiler:
 
     def whole(self, gm: torch.fx.GraphModule, example_inputs: Any, kwargs: dict[str, Any]) -> Any:
         """The graph as one compiled call, its streams and syncs Inductor's to issue."""
+        import torch._inductor.config as inductor_config
+
         if getattr(kwargs.get("cudagraphs"), "value", False):
             backward = bool(kwargs.get("is_backward"))
             _skip_cudagraphs(gm, self.table, backward=backward, one_call=True)
@@ -146,7 +155,7 @@ class StreamRegionsCompiler:
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
-        with keyed_by_streams(gm):
+        with keyed_by_streams(gm), inductor_config.patch(NO_REUSE_ACROSS_STREAMS):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:

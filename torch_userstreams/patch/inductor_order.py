@@ -10,12 +10,19 @@ generated program with a sync in its backward. While installed, Inductor orders 
 graph's operations so that a sync follows every operation before it and precedes every one
 after it, in the graph's order; between two syncs it schedules, fuses and reorders as it
 likes. That is the order the package's region path always issued, at no cost on the host
-at run time (ordering edges only: no buffer lives longer for one).
+at run time.
+
+Inductor's C++ backend then gathers consecutive nodes into one kernel and writes its call
+when it is flushed, while it writes a sync at once: ``x * 3`` before a record and its
+``.cos()`` after a wait became one kernel called after the wait, with its input freed
+before it (``UnboundLocalError``). Each sync flushes what was gathered before it
+(``flushed_at_syncs``), as Inductor does at a device guard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..fx.ops import is_sync_op
@@ -71,3 +78,24 @@ def wrap_init(native: Init) -> Init:
         native(self, nodes)
 
     return _init
+
+
+@contextlib.contextmanager
+def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
+    """While ``scheduler`` writes the code of ``nodes``: the kernel gathered before each sync
+    written before it (see the module docstring)."""
+    if not any(is_sync(getattr(node, "node", None)) for node in nodes):
+        yield
+        return
+    native = scheduler.codegen_extern_call
+
+    def codegen_extern_call(node: Any) -> None:
+        if is_sync(node.node):
+            scheduler.flush()
+        native(node)
+
+    scheduler.codegen_extern_call = codegen_extern_call
+    try:
+        yield
+    finally:
+        del scheduler.codegen_extern_call

@@ -20,7 +20,9 @@ host). While installed, the code Inductor generates for a graph with streams ins
   release;
 * issues each sync as the method of its objects (``user_object9.record(user_object0)``,
   ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices;
-* never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``).
+* never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``),
+  nor nodes on either side of a sync (``inductor_order.flushed_at_syncs``, on every graph
+  with a sync).
 
 Where a GPU device guard defines the stream names again (to the same streams, and
 ``default_stream`` to the device's current stream), its definitions win inside it; the
@@ -38,6 +40,7 @@ from typing import Any
 
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, is_sync_op, op_name
 from ..originals import carries
+from . import inductor_order
 
 _IMPORTS = (
     "from contextlib import nullcontext",
@@ -161,10 +164,11 @@ def wrap_codegen(native: Codegen) -> Codegen:
         wrapper: Any = graph.wrapper_code  # its lines: Inductor's objects and our strings
         other_wrapper = graph.cpp_wrapper or getattr(graph, "fx_wrapper", False)
         if not self._has_multi_stream_nodes() or other_wrapper:
-            native(self, nodes)
+            with inductor_order.flushed_at_syncs(self, nodes):
+                native(self, nodes)
             return
         start = len(wrapper.lines)
-        with _flushed_at_each_stream_switch(self):
+        with _flushed_at_each_stream_switch(self), inductor_order.flushed_at_syncs(self, nodes):
             native(self, nodes)
         objects: set[int] = set()
         wrapper.lines[start:] = [_rewritten(line, objects) for line in wrapper.lines[start:]]
