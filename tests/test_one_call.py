@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_sync_only_graphs import sync_between_compute
 from torch._inductor.utils import run_and_get_code
 
 import torch_userstreams
@@ -148,15 +149,6 @@ def test_each_part_of_the_one_call_path_is_needed(
     monkeypatch.setattr(module, name, replacement)
     report, _ = run_with_backward("userstreams", ONE_CALL)
     assert not report, f"switching off {switched_off} went unseen"
-
-
-def sync_between_compute(
-    x: torch.Tensor, event: torch.Event, side: torch.Stream, main: torch.Stream
-) -> torch.Tensor:
-    y = x * 3
-    event.record(side)
-    event.wait(main)
-    return y.cos()
 
 
 @needs_one_call
