@@ -10,6 +10,7 @@ and the run-time race detector, which sees each C++ kernel of the call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -21,7 +22,10 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_userstreams
 from torch_userstreams.backends import inductor_regions
+from torch_userstreams.backends.inductor_options import ONE_CALL_OPTION, package_options
 from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+from torch_userstreams.errors import UnsupportedPathError
+from torch_userstreams.originals import shadowed
 from torch_userstreams.patch import inductor_order
 from torch_userstreams.testing.capture import no_compile_caches
 from torch_userstreams.testing.fake_accelerator import (
@@ -174,3 +178,46 @@ def test_work_on_either_side_of_a_sync_is_never_one_kernel(
     parts = ("cpp_fused_mul_0(", "record", "wait", "cpp_fused_cos_1(")
     order = [call.index(part) for part in parts]
     assert order == sorted(order), call
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+def test_a_data_dependent_size_falls_back_to_regions() -> None:
+    """Inductor fails on a data-dependent size a sync passes through (``u3 -> u0``)."""
+    from test_accelerator_regions import positives_on_side_stream
+
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0])
+    compiled = torch.compile(positives_on_side_stream, backend="userstreams", options=ONE_CALL)
+    main = torch.accelerator.current_stream()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        got, code = run_and_get_code(
+            compiled, x, FakeAcceleratorStream(), FakeAcceleratorEvent(), main
+        )
+    torch.testing.assert_close(got, torch.tensor([2.0, 6.0, 10.0]))
+    assert not any("get_external_object_by_index" in module for module in code), code
+
+
+def test_the_one_call_option_takes_a_bool() -> None:
+    assert package_options({ONE_CALL_OPTION: True, "max_autotune": False}) == (
+        True,
+        {"max_autotune": False},
+    )
+    assert package_options(None) == (False, None)
+    refused = re.escape("'userstreams.one_call' is True or False")
+    with pytest.raises(UnsupportedPathError, match=refused):
+        package_options({ONE_CALL_OPTION: "yes"})
+
+
+def test_a_shadowed_attribute_is_restored_as_it_was() -> None:
+    """How the codegen patches shadow a scheduler's methods for one graph's code."""
+
+    class Owner:
+        def method(self) -> str:
+            return "class"
+
+    owner = Owner()
+    owner.attribute = "instance"  # type: ignore[attr-defined]
+    with shadowed(owner, {"method": lambda: "shadow", "attribute": "shadow"}):
+        assert owner.method() == "shadow" and owner.attribute == "shadow"  # type: ignore[attr-defined]
+    assert owner.method() == "class" and "method" not in vars(owner)
+    assert owner.attribute == "instance"  # type: ignore[attr-defined]

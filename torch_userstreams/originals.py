@@ -9,7 +9,8 @@ fails the install instead of shadowing the native silently.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,3 +29,23 @@ def carries(native: Callable[..., Any]) -> Callable[[F], F]:
 def original_of(replacement: Callable[..., Any]) -> Callable[..., Any] | None:
     """The function ``replacement`` carries, or None where it carries none."""
     return getattr(replacement, "__wrapped__", None)
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def shadowed(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
+    """``owner``'s attributes named in ``replacements`` set on the instance while entered,
+    then as they were (an instance attribute restored, a class one shown again)."""
+    before = {name: vars(owner).get(name, _ABSENT) for name in replacements}
+    for name, value in replacements.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)

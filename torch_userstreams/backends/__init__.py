@@ -117,14 +117,19 @@ def userstreams_backend(
     from .inductor_regions import compile_fx_with_regions
     from .regions import has_stream_work
 
-    whole, options = package_options(options)
+    one_call, options = package_options(options)
     patches = config_patches(mode, options)
     with own_cache_entries():
         if compile_ is None or not has_stream_work(gm):
             inner = tagged(compile_fx_inner)
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
         return compile_fx_with_regions(
-            gm, example_inputs, compile_, on_graph=on_graph, config_patches=patches, one_call=whole
+            gm,
+            example_inputs,
+            compile_,
+            on_graph=on_graph,
+            config_patches=patches,
+            one_call=one_call,
         )
 
 

@@ -19,13 +19,19 @@ from ..errors import UnsupportedPathError
 ONE_CALL_OPTION = "userstreams.one_call"
 
 
-def package_options(options: Any) -> tuple[bool, Any]:
+def package_options(options: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
     """Whether ``options`` asks for one compiled call per graph, and the options left for
     Inductor (``options`` as given where it is not a dict: ``config_patches`` refuses it)."""
     if not isinstance(options, dict) or ONE_CALL_OPTION not in options:
         return False, options
-    rest = {key: value for key, value in options.items() if key != ONE_CALL_OPTION}
-    return bool(options[ONE_CALL_OPTION]), rest
+    one_call = options[ONE_CALL_OPTION]
+    if not isinstance(one_call, bool):
+        raise UnsupportedPathError(
+            f"torch_userstreams: option {ONE_CALL_OPTION!r} is True or False, got "
+            f"{one_call!r}: options={{{ONE_CALL_OPTION!r}: True}} compiles each graph with "
+            "streams as one Inductor call (torch 2.12+)."
+        )
+    return one_call, {key: value for key, value in options.items() if key != ONE_CALL_OPTION}
 
 
 def config_patches(

@@ -74,12 +74,13 @@ Compiler = Callable[..., Any]
 GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 
 
-# Inductor 2.12-2.15 keys a buffer's reuse by its stream through the buffer's mutations, and
-# the ordering it gives a ``wait_stream`` mutates the values it passes: a buffer made and read
-# on the current stream took the side stream's key, and a side-stream kernel reused its memory
-# while the current stream could still read it (found by the race detector on a generated
-# program). A graph compiled as one call reuses no buffer (memory for correctness).
-NO_REUSE_ACROSS_STREAMS = {"allow_buffer_reuse": False, "inplace_buffers": False}
+# Inductor keys a buffer's reuse by the stream of its last rename, and the ordering it gives
+# a sync's passed-through values renames them (2.13: a ``wait_stream``'s; 2.14+: any sync's):
+# a buffer made and read on the current stream took a side stream's key, and a side-stream
+# kernel reused its memory while the current stream could still read it (2.13, found by the
+# race detector on a generated program). A graph compiled as one call reuses no buffer, on
+# every release (memory for correctness; 2.12 renames nothing, untested without it).
+NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 # What each graph with stream work has had done before its region split, by the passes that
 # run on every such graph the backend compiles (``reuse_syncs.PASS``, then
@@ -155,7 +156,7 @@ class StreamRegionsCompiler:
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
-        with keyed_by_streams(gm), inductor_config.patch(NO_REUSE_ACROSS_STREAMS):
+        with keyed_by_streams(gm), inductor_config.patch(NO_BUFFER_REUSE):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
@@ -392,8 +393,15 @@ def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
     compiles as regions: Inductor 2.12-2.15 renames the size a sync passes through and
     fails (``AssertionError: u3 -> u0``), natively too."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from torch.utils._pytree import tree_leaves
 
-    return any(free_unbacked_symbols(node.meta.get("val")) for node in gm.graph.nodes)
+    symbolic = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+    return any(
+        free_unbacked_symbols(value)
+        for node in gm.graph.nodes
+        for value in tree_leaves(node.meta.get("val"))
+        if isinstance(value, symbolic)
+    )
 
 
 def inductor_runs_streams() -> bool:

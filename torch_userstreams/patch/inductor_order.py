@@ -1,16 +1,18 @@
 """Inductor's scheduler keeps every sync where the graph put it: no work crosses a sync.
 
 Inductor 2.12+ orders a sync (a ``control_deps`` node) after the work it names, and a wait
-after its record, but nothing orders the work *after* a ``wait_event`` after the wait: the
-wait's passthroughs lower to the very IR nodes they pass through (only ``wait_stream`` gets
-an ordering edge). Its scheduler then moved a side stream's kernel above the wait that
-orders it after the current stream (a backward read its incoming gradient before the
-current stream had made it; torch 2.12-2.15), and the race detector saw it on every
-generated program with a sync in its backward. While installed, Inductor orders each
-graph's operations so that a sync follows every operation before it and precedes every one
-after it, in the graph's order; between two syncs it schedules, fuses and reorders as it
-likes. That is the order the package's region path always issued, at no cost on the host
-at run time.
+after its record. What orders the work *after* a sync after it differs by release: 2.12
+nothing, 2.13 only the readers of what a ``wait_stream`` passes through, 2.14+ the readers
+of what any sync passes through, never work that reads only values the sync does not pass
+(a graph input, a value of the other phase). On 2.13 the scheduler moved a side stream's
+kernel above the wait that orders it after the current stream (a backward read its incoming
+gradient before the current stream had made it), and the race detector saw it on most
+generated programs with a sync in their backward. While installed, Inductor orders each
+graph's operations so that a sync follows every operation lowered before it and precedes
+every one lowered after it (lowering follows the graph's order; an operation that makes no
+buffer cannot be named, and is not fenced before the next sync); between two syncs it
+schedules, fuses and reorders as it likes. That is the order the package's region path
+always issued, at no cost on the host at run time.
 
 Inductor's C++ backend then gathers consecutive nodes into one kernel and writes its call
 when it is flushed, while it writes a sync at once: ``x * 3`` before a record and its
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..fx.ops import is_sync_op
-from ..originals import carries
+from ..originals import carries, shadowed
 
 Init = Callable[[Any, list[Any]], None]
 
@@ -94,8 +96,5 @@ def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
             scheduler.flush()
         native(node)
 
-    scheduler.codegen_extern_call = codegen_extern_call
-    try:
+    with shadowed(scheduler, {"codegen_extern_call": codegen_extern_call}):
         yield
-    finally:
-        del scheduler.codegen_extern_call

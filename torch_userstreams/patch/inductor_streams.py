@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, is_sync_op, op_name
-from ..originals import carries
+from ..originals import carries, shadowed
 from . import inductor_order
 
 _IMPORTS = (
@@ -145,11 +145,9 @@ def _flushed_at_each_stream_switch(scheduler: Any) -> Iterator[None]:
         scheduler.flush()
         native_exit()
 
-    scheduler.generate_stream_ctx_enter, scheduler.generate_stream_ctx_exit = enter, exit_
-    try:
+    replacements = {"generate_stream_ctx_enter": enter, "generate_stream_ctx_exit": exit_}
+    with shadowed(scheduler, replacements):
         yield
-    finally:
-        del scheduler.generate_stream_ctx_enter, scheduler.generate_stream_ctx_exit
 
 
 def wrap_codegen(native: Codegen) -> Codegen:
