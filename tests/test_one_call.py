@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_races import TORCH
 from test_sync_only_graphs import sync_between_compute
 from torch._inductor.utils import run_and_get_code
 
@@ -137,14 +138,25 @@ def test_regions_by_default() -> None:
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize(
     "switched_off",
-    ["fences", "factories"],
+    [
+        pytest.param(
+            "fences",
+            marks=pytest.mark.skipif(
+                TORCH >= (2, 14),
+                reason="Inductor 2.14+ orders the readers of what a sync passes through, "
+                "all this program's work after a wait (test_work_on_either_side_of_a_sync_is_"
+                "never_one_kernel needs the package's ordering on every release)",
+            ),
+        ),
+        "factories",
+    ],
 )
 def test_each_part_of_the_one_call_path_is_needed(
     switched_off: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the fences, Inductor moved a side stream's backward kernel above the wait
-    that orders it after the incoming gradient; without placing the seeds on their
-    readers' stream, the random ops read seeds the current stream made."""
+    """Without the fences, Inductor 2.12-2.13 moved a side stream's backward kernel above the
+    wait that orders it after the incoming gradient; without placing the seeds on their
+    readers' stream, the random ops read seeds another stream made."""
     off: dict[str, tuple[Any, str, Callable[..., Any]]] = {
         "fences": (inductor_order, "fences", lambda operations: {}),
         "factories": (inductor_regions, "factories_on_their_readers_stream", lambda gm: None),

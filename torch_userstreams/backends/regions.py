@@ -157,6 +157,11 @@ def _users_by_stream(node: torch.fx.Node) -> dict[int | None, list[torch.fx.Node
 _TORCH_NAMESPACES = frozenset({"aten", "prims"})
 
 
+def _is_seeds(target: object) -> bool:
+    """Whether ``target`` is the seeds tensor Inductor makes for a graph's random ops."""
+    return isinstance(target, torch._ops.OpOverload) and target.name() == "prims::inductor_seeds"
+
+
 def _copyable(target: object) -> bool:
     """Whether a copy of the factory computes the same value: a deterministic op of torch's
     own, or the seeds Inductor makes for its random ops (each copy seeds its own stream's
@@ -165,7 +170,7 @@ def _copyable(target: object) -> bool:
     a user's op may count, log or draw whatever its schema says: it runs once."""
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
         return False
-    if target.name() == "prims::inductor_seeds":
+    if _is_seeds(target):
         return True
     if target.namespace not in _TORCH_NAMESPACES:
         return False
@@ -178,11 +183,17 @@ COPY_FACTORIES = "factories_per_stream"
 def copy_factories_per_stream(gm: torch.fx.GraphModule) -> list[str]:
     """Give an unannotated factory read on several streams a copy per stream, each then run
     on its readers' stream (``runs_on``): Inductor makes one seeds tensor for every random
-    op of a graph, and random ops on two streams would read it with no sync. Returns a note
-    per copy (each also recorded on the copy)."""
+    op of a graph, and random ops on two streams would read it with no sync. Inductor 2.14+
+    gives that seeds tensor the first random op's meta, stream included: its annotation is
+    dropped, so that it too runs on its readers' stream. Returns a note per copy (each also
+    recorded on the copy)."""
     notes = []
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.all_input_nodes or stream_of(node) is not None:
+        if node.op != "call_function" or node.all_input_nodes:
+            continue
+        if stream_of(node) is not None and _is_seeds(node.target):
+            drop_stream(node)
+        if stream_of(node) is not None:
             continue
         if is_sync_op(node.target) or not _copyable(node.target):
             continue
