@@ -30,6 +30,10 @@ from torch_userstreams.testing.fake_accelerator import (
     fake_accelerator,
 )
 
+# The tests of the region split itself compile as regions on every torch (torch 2.12+
+# compiles a graph with streams as one call by default).
+REGIONS = {"userstreams.one_call": False}
+
 
 @pytest.fixture(autouse=True)
 def accelerator() -> Iterator[None]:
@@ -193,7 +197,9 @@ def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
         return steps
 
     monkeypatch.setattr(inductor_regions, "split", spy)
-    out = torch.compile(fn, backend="userstreams")(torch.ones(64), FakeAcceleratorStream())
+    out = torch.compile(fn, backend="userstreams", options=REGIONS)(
+        torch.ones(64), FakeAcceleratorStream()
+    )
     assert out.shape == (64,)
     assert streams_of["inductor_lookup_seed"] - {None}, "a random op reads seeds on the side"
     assert streams_of["inductor_seeds"] == streams_of["inductor_lookup_seed"], (
@@ -529,7 +535,7 @@ def test_a_region_of_one_kernel_is_not_compiled(monkeypatch: pytest.MonkeyPatch)
             return (x + 1) * y  # two, fused
 
     x, side = torch.randn(4, 6), FakeAcceleratorStream()
-    got = torch.compile(program, backend="userstreams")(x, side)
+    got = torch.compile(program, backend="userstreams", options=REGIONS)(x, side)
     assert compiled == [["aten.add.Tensor", "aten.mul.Tensor"]], compiled
     torch.testing.assert_close(got, program(x, side))
 
@@ -563,13 +569,14 @@ def test_the_backward_compiles_with_its_forward_and_may_add_events(
     from torch_userstreams.backends import reuse_syncs
 
     makers: list[bool] = []
-    real = reuse_syncs.resync_reuse
+    real = reuse_syncs._requests
 
-    def spy(gm: torch.fx.GraphModule, table: Any, requests: Any = None) -> list[str]:
+    def spy(compile_: Any, *, backward: bool) -> Any:
+        requests = real(compile_, backward=backward)
         makers.append(requests is not None)
-        return real(gm, table, requests)
+        return requests
 
-    monkeypatch.setattr(reuse_syncs, "resync_reuse", spy)
+    monkeypatch.setattr(reuse_syncs, "_requests", spy)
     x, w = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
     objects = (FakeAcceleratorStream(), FakeAcceleratorEvent(), FakeAcceleratorEvent())
     compiled = torch.compile(side_value_read_on_main, backend="userstreams")
@@ -599,7 +606,7 @@ def test_regions_skip_inductors_per_call_wrapper_after_the_first_call() -> None:
         return native(self, inputs)
 
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-    compiled = torch.compile(side_matmul, backend="userstreams")
+    compiled = torch.compile(side_matmul, backend="userstreams", options=REGIONS)
     CompiledFxGraph.__call__ = counted  # type: ignore[method-assign]
     try:
         outs = [compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent()) for _ in range(3)]
@@ -638,7 +645,7 @@ def test_a_region_of_views_alone_runs_without_entering_its_stream(
 
     monkeypatch.setattr(plan, "generate", generate)
     x = torch.arange(6.0).reshape(2, 3)
-    compiled = torch.compile(transpose_on_the_side, backend="userstreams")
+    compiled = torch.compile(transpose_on_the_side, backend="userstreams", options=REGIONS)
     out = compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent())
     torch.testing.assert_close(out, (x * 2).t())
     (source,) = sources
@@ -653,7 +660,7 @@ def test_inductors_execution_order_recording_sees_every_region_call() -> None:
     import torch._inductor.debug as inductor_debug
 
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-    compiled = torch.compile(side_matmul, backend="userstreams")
+    compiled = torch.compile(side_matmul, backend="userstreams", options=REGIONS)
     compiled(x, FakeAcceleratorStream(), FakeAcceleratorEvent())  # the first call: warm
     with inductor_debug.record_and_log_graph_execution_order():
         for _ in range(3):

@@ -157,13 +157,13 @@ def test_bad_options_are_refused_before_any_benchmark_runs(
 
 def test_the_one_call_rows_measure_native_inductors_streams_beside_the_package() -> None:
     """Issue 38's diagnostic: one call per graph with the model's streams (native Inductor
-    installed, ``userstreams`` asked for it) and ``userstreams``'s regions, each over
+    installed, ``userstreams`` by default) and ``userstreams``'s regions, each over
     Inductor on the model without streams, from one run; torch 2.11's Inductor has no
     streams to measure."""
     from benchmarks.accelerator_step import (
         ONE_CALL,
         USERSTREAMS,
-        USERSTREAMS_ONE_CALL,
+        USERSTREAMS_REGIONS,
         one_call_rows,
     )
 
@@ -174,8 +174,8 @@ def test_the_one_call_rows_measure_native_inductors_streams_beside_the_package()
         return
     assert [row.case.split(": ")[1] for row in rows] == [
         f"{ONE_CALL} over inductor without streams",
-        f"{USERSTREAMS_ONE_CALL} over inductor without streams",
         f"{USERSTREAMS} over inductor without streams",
+        f"{USERSTREAMS_REGIONS} over inductor without streams",
     ]
     for row in rows:
         assert row.native is not None and row.native > 0

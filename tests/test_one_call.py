@@ -1,5 +1,5 @@
-"""``userstreams`` compiles a graph with streams as one Inductor call where asked
-(``options={"userstreams.one_call": True}``, torch 2.12+).
+"""``userstreams`` compiles a graph with streams as one Inductor call on torch 2.12+
+(``options={"userstreams.one_call": False}`` asks for regions instead).
 
 Inductor 2.12+ runs each node of a graph on its own stream. The backend hands it the whole
 graph, syncs in place; while installed, Inductor's scheduler keeps every sync where the
@@ -127,8 +127,11 @@ def test_forward_and_backward_are_one_call_each_and_race_free() -> None:
 
 @needs_one_call
 @pytest.mark.usefixtures("gpu_like")
-def test_regions_by_default() -> None:
+def test_one_call_by_default_regions_on_request() -> None:
     report, code = run_with_backward("userstreams")
+    assert len(code) == 2 and all("with stream1:" in module for module in code), code
+    assert report, report
+    report, code = run_with_backward("userstreams", {ONE_CALL_OPTION: False})
     assert len(code) > 2, "a compiled call per region"
     assert not any("get_external_object_by_index" in module for module in code)
     assert report, report
@@ -209,12 +212,68 @@ def test_a_data_dependent_size_falls_back_to_regions() -> None:
     assert not any("get_external_object_by_index" in module for module in code), code
 
 
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+@pytest.mark.parametrize(
+    ("pinned", "after_inductor", "race_free"),
+    [(True, True, True), (False, True, True), (True, False, True), (False, False, False)],
+    ids=["both", "after-inductor-alone", "pinned-alone", "neither"],
+)
+def test_a_read_stays_before_the_sync_that_frees_its_buffer(
+    pinned: bool, after_inductor: bool, race_free: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``made`` on s0 is read on s2 through a clone Inductor removes; the backend re-syncs
+    its memory after that last read. Inductor's post-grad passes moved the read, computed
+    in a later kernel, past an unpinned record: s0 could reuse ``made`` while s2 still
+    read it. Each guard alone keeps the read before the record: the record pinned after
+    the read (``control_deps``), or the re-sync after Inductor's passes."""
+    from test_accelerator_regions import no_op_between_streams
+
+    from torch_userstreams.backends import reuse_syncs
+
+    if not pinned:
+        monkeypatch.setattr(reuse_syncs, "PINNED_PASS", reuse_syncs.PASS)
+    if not after_inductor:
+        monkeypatch.setattr(reuse_syncs, "after_inductors_passes", lambda gm, table, user: user)
+    program = no_op_between_streams(torch.clone, read_on_third=False)
+    x = torch.randn(4, 6)
+    streams = [FakeAcceleratorStream() for _ in range(3)]
+    compiled = torch.compile(program, backend="userstreams")
+    with detect_races() as report:
+        (out,), [code] = run_and_get_code(compiled, x, *streams)
+    torch.testing.assert_close(out, program(x, *streams)[0])
+    assert "get_external_object_by_index" in code, "one call"
+    assert bool(report) is race_free, report
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+def test_a_folded_scatter_with_symbolic_views_falls_back_to_regions() -> None:
+    """A view of an input updated in place on a side stream, ``dynamic=True``: Inductor's
+    reinplace pass would fail on the scatter the sync passes (``as_strided() Expected a
+    value of type 'List[int]'``); the graph compiles as regions, with eager's values."""
+    from test_accelerator_regions import update_a_base_read_its_view
+
+    compiled = torch.compile(update_a_base_read_its_view, backend="userstreams", dynamic=True)
+    main = torch.accelerator.current_stream()
+    for size in (4, 6):
+        a, expected_a = torch.arange(float(size)), torch.arange(float(size))
+        expected = update_a_base_read_its_view(
+            expected_a, expected_a[1:], FakeAcceleratorStream(), main
+        )
+        got, code = run_and_get_code(compiled, a, a[1:], FakeAcceleratorStream(), main)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(a, expected_a)
+        assert not any("get_external_object_by_index" in module for module in code), code
+
+
 def test_the_one_call_option_takes_a_bool() -> None:
     assert package_options({ONE_CALL_OPTION: True, "max_autotune": False}) == (
         True,
         {"max_autotune": False},
     )
-    assert package_options(None) == (False, None)
+    assert package_options(None) == (True, None)
+    assert package_options({ONE_CALL_OPTION: False}) == (False, {})
     refused = re.escape("'userstreams.one_call' is True or False")
     with pytest.raises(UnsupportedPathError, match=refused):
         package_options({ONE_CALL_OPTION: "yes"})

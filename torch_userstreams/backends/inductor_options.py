@@ -15,21 +15,23 @@ from typing import Any
 
 from ..errors import UnsupportedPathError
 
-# The package's own option: compile each graph with streams as one call (torch 2.12+).
+# The package's own option: compile each graph with streams as one call (True, the default;
+# torch 2.12+) or as regions (False; always on 2.11).
 ONE_CALL_OPTION = "userstreams.one_call"
 
 
 def package_options(options: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
-    """Whether ``options`` asks for one compiled call per graph, and the options left for
-    Inductor (``options`` as given where it is not a dict: ``config_patches`` refuses it)."""
+    """Whether ``options`` leaves one compiled call per graph on (the default), and the
+    options left for Inductor (``options`` as given where it is not a dict:
+    ``config_patches`` refuses it)."""
     if not isinstance(options, dict) or ONE_CALL_OPTION not in options:
-        return False, options
+        return True, options
     one_call = options[ONE_CALL_OPTION]
     if not isinstance(one_call, bool):
         raise UnsupportedPathError(
             f"torch_userstreams: option {ONE_CALL_OPTION!r} is True or False, got "
-            f"{one_call!r}: options={{{ONE_CALL_OPTION!r}: True}} compiles each graph with "
-            "streams as one Inductor call (torch 2.12+)."
+            f"{one_call!r}: True (the default) compiles each graph with streams as one "
+            f"Inductor call (torch 2.12+), options={{{ONE_CALL_OPTION!r}: False}} as regions."
         )
     return one_call, {key: value for key, value in options.items() if key != ONE_CALL_OPTION}
 

@@ -8,14 +8,14 @@ node's stream annotated and every sync in place. It compiles:
   and syncs removed. That is exact: a CPU stream runs nothing asynchronously, every op runs
   in program order on the host, so every sync is already satisfied when it would be issued,
   and no value or lifetime changes;
-* otherwise, where asked (``options={"userstreams.one_call": True}``) and Inductor runs
-  each node of a graph on its own stream (torch 2.12+): as **one compiled call**
-  (``whole``). Inductor places each node on its stream; while the package is installed
-  its scheduler keeps every sync where the graph put it (``patch.inductor_order``) and its
-  code resolves the call's objects once and issues each sync as their method
-  (``patch.inductor_streams``). A graph with a data-dependent size stays regions;
-* otherwise (the default; on torch 2.11, whose Inductor runs every kernel on one stream,
-  always): split into regions of one stream each
+* otherwise, where Inductor runs each node of a graph on its own stream (torch 2.12+),
+  by default: as **one compiled call** (``whole``). Inductor places each node on its
+  stream; while the package is installed its scheduler keeps every sync where the graph
+  put it (``patch.inductor_order``) and its code resolves the call's objects once and
+  issues each sync as their method (``patch.inductor_streams``). A graph that would meet
+  one of Inductor's own failures stays regions (``stays_regions``);
+* otherwise (torch 2.11, whose Inductor runs every kernel on one stream, or asked with
+  ``options={"userstreams.one_call": False}``): split into regions of one stream each
   (``regions.split``); each region is compiled by Inductor on its own, except one of a
   single kernel, which runs as its graph (``regions.at_most_one_kernel``); at run time the
   host enters each region's stream (resolved from the call's binding; a region of views
@@ -112,12 +112,15 @@ class StreamRegionsCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
+        whole = False
         if not self.cpu and has_stream_work(gm):
             mark_graph_phase(gm, backward=bool(kwargs.get("is_backward")))
+            whole = self.one_call and not stays_regions(gm)
             if self.compile_ is None:
                 ensure(gm, Fact.REUSE_RESYNCED)  # no table: no event orders anything
             else:
-                run_passes(gm, (reuse_syncs.PASS,), self.compile_)
+                resync = reuse_syncs.PINNED_PASS if whole else reuse_syncs.PASS
+                run_passes(gm, (resync,), self.compile_)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         check_graph(gm, self.table, "backward" if kwargs.get("is_backward") else "forward")
@@ -133,7 +136,7 @@ class StreamRegionsCompiler:
                 stripped = without_streams(gm)
                 self._note_reads(stripped, kwargs)
                 return self.compile_region(stripped, example_inputs, **kwargs)
-            if self.one_call and not has_data_dependent_sizes(gm):
+            if whole:
                 return self.whole(gm, example_inputs, kwargs)
             return self.partitioned(gm, kwargs)
 
@@ -156,8 +159,20 @@ class StreamRegionsCompiler:
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
-        with keyed_by_streams(gm), inductor_config.patch(NO_BUFFER_REUSE):
+        resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
+        with keyed_by_streams(gm), inductor_config.patch({**NO_BUFFER_REUSE, **resync}):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
+
+    def _resync_after(self, gm: torch.fx.GraphModule) -> Any:
+        """The pass that puts the dealloc syncs Inductor's post-grad passes moved reads past
+        back in place (``reuse_syncs.after_inductors_passes``); with no table, no event
+        orders anything, and only the configured pass runs."""
+        import torch._inductor.config as inductor_config
+
+        configured = inductor_config.post_grad_custom_post_pass
+        if self.table is None:
+            return configured
+        return reuse_syncs.after_inductors_passes(gm, self.table, configured)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):
@@ -386,6 +401,52 @@ def _skip_cudagraphs(
         f"skipping cudagraphs due to torch_userstreams: {reason}The graph runs without CUDA "
         "graphs. Graphs without streams are captured as with backend='inductor'."
     )
+
+
+def stays_regions(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph with streams compiles as regions even where one call is asked for:
+    it would meet a failure of Inductor's own that a region does not."""
+    return has_data_dependent_sizes(gm) or passes_a_folded_scatter_with_symbolic_views(gm)
+
+
+_VIEW_SCATTERS = frozenset(
+    {
+        torch.ops.aten.slice_scatter.default,
+        torch.ops.aten.select_scatter.default,
+        torch.ops.aten.diagonal_scatter.default,
+        torch.ops.aten.as_strided_scatter.default,
+    }
+)
+
+
+def passes_a_folded_scatter_with_symbolic_views(gm: torch.fx.GraphModule) -> bool:
+    """Whether a view-scatter writes into another one that something else reads too, with a
+    symbolic size among its view's arguments.
+
+    Inductor 2.12-2.15's reinplace pass folds such a pair into one scatter, then rebuilds
+    the inner value for its other readers from the outer node's arguments after erasing
+    that node: a size node reads as None there (``as_strided() Expected a value of type
+    'List[int]'``). In one call the other reader is the sync that passes the inner value
+    (a view of an input updated in place on a side stream, ``dynamic=True``); a region
+    returns only what later regions read, and compiles."""
+    for node in gm.graph.nodes:
+        if node.target not in _VIEW_SCATTERS or len(node.args) < 2:
+            continue
+        inner = node.args[1]
+        if (
+            isinstance(inner, torch.fx.Node)
+            and inner.target in _VIEW_SCATTERS
+            and len(inner.users) > 1
+            and any(isinstance(arg, torch.fx.Node) for arg in _leaves(node.args[2:]))
+        ):
+            return True
+    return False
+
+
+def _leaves(args: Any) -> list[Any]:
+    from torch.utils._pytree import tree_leaves
+
+    return list(tree_leaves(args))
 
 
 def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:

@@ -9,7 +9,8 @@ right after the no-op. ``x``'s stream could then reuse its memory while that rea
 ``resync_reuse`` checks each buffer a stream-partitioned graph allocates and frees against
 the dealloc syncs now in it and adds the missing ones, before the graph is split into
 regions: right after a stream's last read of the buffer, it records again the event a
-dealloc sync of the same buffer recorded on that stream, and the buffer's own stream waits
+dealloc sync of the same buffer (this pass's or the dealloc pass's) recorded on that
+stream, and the buffer's own stream waits
 for it holding the buffer. The dealloc pass makes one event per sync, and the event is
 recorded again only after its last use, each record right before its wait: no pending wait
 sees the new record. The event is the graph's own and no later sync uses it, so no
@@ -30,6 +31,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
@@ -141,14 +143,20 @@ def _scan(gm: torch.fx.GraphModule, table: UserObjectTable) -> tuple[_Syncs, _Us
 
 
 def resync_reuse(
-    gm: torch.fx.GraphModule, table: UserObjectTable, requests: TableRequests | None = None
+    gm: torch.fx.GraphModule,
+    table: UserObjectTable,
+    requests: TableRequests | None = None,
+    *,
+    pinned: bool = False,
 ) -> list[str]:
     """Add the dealloc syncs ``gm`` misses (see the module docstring); returns notes.
 
     ``requests`` makes an event for the graph's table, where it can still get one (the
     backend is compiling the graph, before its prologue exists): used for a buffer no
     dealloc sync holds at all, such as a value the joint graph kept for its backward that
-    the partitioner chose to recompute there instead.
+    the partitioner chose to recompute there instead. ``pinned`` wraps each record it adds
+    in a ``control_deps`` on the last read, for a graph Inductor lowers whole: Inductor
+    would otherwise compute that read inside its reader's kernel, after the record.
     """
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
@@ -164,7 +172,7 @@ def resync_reuse(
         if syncs.covers(buffer, owner, reader, position[last]):
             continue
         event = syncs.event_for(buffer, reader)
-        if event is not None and table.entries[event].added_by == _DEALLOC_PASS:
+        if event is not None and table.entries[event].added_by in (_DEALLOC_PASS, NAME):
             after = nodes[max(position[last], syncs.last_use[event])]
         elif requests is not None:
             event, after = requests.new_event(table.device(reader)), last
@@ -186,13 +194,35 @@ def resync_reuse(
                 f"{buffer.name}'s stream waits before reusing its memory",
             ),
         )
+        if pinned:
+            _after_read(gm, after.next, last)  # the record is inserted right after ``after``
     return notes
+
+
+def _after_read(gm: torch.fx.GraphModule, record: torch.fx.Node, read: torch.fx.Node) -> None:
+    """``record`` wrapped in a ``control_deps`` on ``read``: Inductor computes ``read``
+    as its own buffer before the record (torch 2.12+, where the wrapper exists)."""
+    from torch._functorch._aot_autograd.streams import _wrap_sync_node
+
+    visited: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        visited.add(node)
+        if node is record:
+            break
+    _wrap_sync_node(gm, record, [read], visited)
 
 
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
     """``resync_reuse`` on one graph the backend compiles; while the backend still compiles
     it (its prologue does not exist yet), the graph's table may take new objects."""
     return resync_reuse(gm, compile_.table, _requests(compile_, backward=is_backward_graph(gm)))
+
+
+def run_pinned(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
+    """``run`` for a graph Inductor compiles whole: each record it adds is pinned after its
+    read (Inductor's post-grad passes would otherwise move the read past it)."""
+    requests = _requests(compile_, backward=is_backward_graph(gm))
+    return resync_reuse(gm, compile_.table, requests, pinned=True)
 
 
 def _requests(compile_: GraphCompile, *, backward: bool) -> TableRequests | None:
@@ -209,6 +239,51 @@ def _requests(compile_: GraphCompile, *, backward: bool) -> TableRequests | None
 
 
 PASS = GraphPass(NAME, run, ensures=frozenset({Fact.REUSE_RESYNCED}))
+PINNED_PASS = GraphPass(NAME, run_pinned, ensures=frozenset({Fact.REUSE_RESYNCED}))
+
+
+def after_inductors_passes(gm: torch.fx.GraphModule, table: UserObjectTable, user_pass: Any) -> Any:
+    """An Inductor ``post_grad_custom_post_pass`` that runs ``user_pass`` (the one the
+    compile was configured with, if any), then ``resync_reuse`` on what Inductor's post-grad
+    passes left.
+
+    A graph compiled as one call goes through those passes whole, and they remove no-ops
+    across streams again (``remove_noop_ops``: a read of ``clone(made)`` on s2 becomes a
+    read of ``made``, after the dealloc sync that held ``made`` for the clone). The no-op's
+    own dealloc sync names an event for each such read, so no new event is needed: the pass
+    asks for none (a hit in Inductor's FX graph cache skips it, and must load the same
+    objects), and refuses by name a read that would need one. Its ``uuid`` keys the cache
+    by this module and ``user_pass``'s own ``uuid``. Inductor runs it on each subgraph too;
+    only ``gm``'s graph holds streams.
+    """
+    from torch._inductor.custom_graph_pass import (
+        CustomInferenceAwareGraphPass,
+        get_hash_for_files,
+    )
+
+    class ResyncAfterInductor(CustomInferenceAwareGraphPass):
+        def __call__(self, graph: torch.fx.Graph, is_inference: bool = False) -> None:
+            for each in _passes(user_pass):
+                if isinstance(each, CustomInferenceAwareGraphPass):
+                    each(graph, is_inference=is_inference)
+                else:
+                    each(graph)
+            if graph is gm.graph and resync_reuse(gm, table, pinned=True):
+                gm.recompile()
+
+        def uuid(self) -> Any:
+            users = [getattr(each, "uuid", lambda: None)() for each in _passes(user_pass)]
+            if any(uuid is None for uuid in users):
+                return None  # a pass Inductor cannot key: no cache, as without us
+            return (get_hash_for_files((__file__,)).hex(), *users)
+
+    return ResyncAfterInductor()
+
+
+def _passes(configured: Any) -> tuple[Any, ...]:
+    if configured is None:
+        return ()
+    return tuple(configured) if isinstance(configured, (list, tuple)) else (configured,)
 
 
 def _stream_index(node: torch.fx.Node, table: UserObjectTable) -> int | None:
