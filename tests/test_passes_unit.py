@@ -147,6 +147,18 @@ def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
     assert not run(inherit_streams.PASS, gm, GraphCompile()), "idempotent"
 
 
+def test_a_stream_set_on_a_copy_leaves_its_original_alone() -> None:
+    """``node_copy`` shares the ``custom`` dict of a node's meta with its copy (a region
+    module's nodes, the seeds Inductor copies): annotating one must not move the other."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    original = node(graph, ops.aten.sin.default, (x,), stream=2)
+    copy = graph.node_copy(original)
+    assert copy.meta["custom"] is original.meta["custom"]
+    set_stream(copy, 5)
+    assert (stream_of(original), stream_of(copy)) == (2, 5)
+
+
 def test_accumulation_follows_its_user_then_its_inputs() -> None:
     graph = torch.fx.Graph()
     a, b = graph.placeholder("a"), graph.placeholder("b")

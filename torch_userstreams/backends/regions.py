@@ -142,7 +142,6 @@ def factories_on_their_readers_stream(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         stream = runs_on(node) if node.op == "call_function" else None
         if stream is not None and stream_of(node) is None:
-            node.meta[CUSTOM] = dict(node.meta.get(CUSTOM) or {})  # a copy shares its meta
             set_stream(node, stream)
 
 

@@ -73,10 +73,10 @@ def drop_leaked_stream_annotation() -> object | None:
 
 
 def set_stream(node: torch.fx.Node, index: int) -> None:
+    """Annotate ``node`` with stream ``index``, in a ``custom`` dict of its own: a node
+    copied with ``node_copy`` shares its original's dict, which must keep its stream."""
     custom = node.meta.get(CUSTOM)
-    if not isinstance(custom, dict):
-        custom = node.meta[CUSTOM] = {}
-    custom[STREAM] = index
+    node.meta[CUSTOM] = {**custom, STREAM: index} if isinstance(custom, dict) else {STREAM: index}
 
 
 def drop_stream(node: torch.fx.Node) -> torch.fx.Node:
