@@ -34,7 +34,7 @@ import torch.fx
 
 from ..compile.contract import Fact, GraphPass
 from ..fx.control_deps import SyncCall, alias_of, is_control_deps, is_passthrough, sync_of
-from ..fx.meta import CUSTOM, RECORDS, drop_stream, record, records, set_stream, stream_of
+from ..fx.meta import RECORDS, drop_stream, record, records, set_stream, stream_of
 from ..fx.ops import is_sync_op, op_name
 from ..fx.subgraphs import attribute, called_by, reachable
 
