@@ -38,11 +38,12 @@ from torch_userstreams.testing.fake_accelerator import (
     fake_accelerator,
 )
 
-from .results import Row
-from .timing import median
+from .results import Row, ratio_row
+from .timing import abba, median
 
 BENCH = "demo"
 MIN_RATIO = 0.95  # userstreams steps/s over inductor's on the model without streams
+MAX_COMPILE_RATIO = 1.5  # the first step's time, userstreams over inductor without streams
 DIM, BATCH, BLOCKS, LR, SEED = 64, 64, 2, 0.01, 0
 USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
 # Inductor 2.12+ compiles the graph with its streams into one call per graph (the package's
@@ -179,3 +180,32 @@ def one_call_rows(rounds: int, block: int) -> list[Row]:
             )
         )
     return rows
+
+
+def first_step_s(streams: bool) -> float:
+    """Seconds for the first training step on the fake accelerator: trace, compile the
+    forward and the backward (one call each on torch 2.12+, regions on 2.11), run."""
+    torch._dynamo.reset()
+    batch = make_batches(1, BATCH, DIM, torch.device("cpu"), SEED)[0]
+    step = trainer("userstreams" if streams else "inductor", streams)[1]
+    start = time.perf_counter()
+    step(batch)  # type: ignore[operator]
+    elapsed = time.perf_counter() - start
+    torch._dynamo.reset()
+    return elapsed
+
+
+def compile_rows(repeats: int) -> list[Row]:
+    """The first step's time, ``userstreams`` on the model with streams over Inductor on
+    the model without, on the fake accelerator (the path a GPU takes)."""
+    samples: dict[bool, list[float]] = {False: [], True: []}
+    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
+        first_step_s(False)  # lazy imports and first-use costs, discarded
+        first_step_s(True)
+        for pair in abba(False, True, repeats):
+            for streams in pair:
+                samples[streams].append(first_step_s(streams))
+    inductor, userstreams = median(samples[False]), median(samples[True])
+    details = {"inductor_no_streams_s": samples[False], "userstreams_s": samples[True]}
+    case = "compile (first step), fake accelerator: userstreams over inductor without streams"
+    return [ratio_row(BENCH, case, inductor, userstreams, "s", MAX_COMPILE_RATIO, details)]
