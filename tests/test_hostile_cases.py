@@ -507,7 +507,7 @@ def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) 
         forward = code[0]
         assert "default_stream = nullcontext()" in forward
         assert re.search(r"\n +stream1 = user_object\d+\n", forward), forward
-        resolved = r"\n +user_object\d+ = get_external_object_by_index\(\d+\)\n"
+        resolved = r"\n +(user_object\d+, )+= lookup_user_objects\(\((\d+, )*\d+,\)\)\n"
         assert re.search(resolved, forward), forward
         # Entered as itself on every release (2.12 wrote torch.cuda.stream(stream1), which
         # does nothing without CUDA).

@@ -236,8 +236,8 @@ def test_nodes_of_two_streams_never_share_a_cpp_kernel() -> None:
     assert set(by_op) == {"sin", "mul"} and len(blocks) == 2, code[0]
     # Each in a block of its own stream: sin's on s0, mul's on s1.
     defined = dict(re.findall(r"^ +(stream\d+) = (user_object\d+)$", code[0], re.M))
-    lookup = r"^ +(user_object\d+) = get_external_object_by_index\((\d+)\)$"
-    resolved = dict(re.findall(lookup, code[0], re.M))
+    [(names, indices)] = re.findall(r"^ +(.+), = lookup_user_objects\(\((.+),\)\)$", code[0], re.M)
+    resolved = dict(zip(names.split(", "), indices.split(", "), strict=True))
     index = {by_op[op]: int(resolved[defined[by_op[op]]]) for op in by_op}
     assert index[by_op["sin"]] != index[by_op["mul"]], code[0]
     assert index[by_op["sin"]] < index[by_op["mul"]], code[0]  # s0 was met first

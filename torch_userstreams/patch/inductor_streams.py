@@ -11,8 +11,9 @@ natively too. Each sync is a ``streams::*`` op call, which resolves its objects 
 through the custom-op dispatcher on every call (about ten times a method call's cost on the
 host). While installed, the code Inductor generates for a graph with streams instead:
 
-* starts by resolving each user object it uses (``user_object9 =
-  get_external_object_by_index(9)``: the package's lookup, *this* call's object), defines
+* starts by resolving the user objects it uses (``user_object0, user_object9, =
+  lookup_user_objects((0, 9,))``: the package's lookup, *this* call's objects, its
+  binding found once per call), defines
   ``streamN`` as its object and ``default_stream`` as a null context. Inductor leaves one
   stream's block before it enters the next, so the stream current where it enters
   ``default_stream`` is the one the call began on;
@@ -42,9 +43,11 @@ from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, is_sync_op, op_name
 from ..originals import carries, shadowed
 from . import inductor_order
 
+# The package's resolver of a call's objects, named for what it does in generated code.
+LOOKUP = "lookup_user_objects"
 _IMPORTS = (
     "from contextlib import nullcontext",
-    "from torch._dynamo.graph_bytecode_inputs import get_external_object_by_index",
+    f"from torch_userstreams.run.lookup import lookup_all as {LOOKUP}",
 )
 # Inductor's own names (``torch._inductor.stream_constants``), the same in 2.12-2.15.
 DEFAULT_STREAM = "default_stream"
@@ -59,7 +62,9 @@ def definitions(objects: set[int], stream_objects: dict[int, int]) -> list[str]:
     """The lines that resolve each user object in ``objects`` and define ``default_stream``
     and each ``streamN`` Inductor enters, from its map of stream number to table index."""
     used = sorted(objects | set(stream_objects.values()))
-    lines = [f"{OBJECT_NAME.format(i)} = get_external_object_by_index({i})" for i in used]
+    names = ", ".join(OBJECT_NAME.format(i) for i in used)
+    indices = ", ".join(str(i) for i in used)
+    lines = [f"{names}, = {LOOKUP}(({indices},))"] if used else []
     lines.append(f"{DEFAULT_STREAM} = nullcontext()")
     lines += [
         f"{STREAM_NAME.format(number)} = {OBJECT_NAME.format(index)}"

@@ -53,6 +53,19 @@ def lookup(index: int) -> Any:
     )
 
 
+def lookup_all(indices: tuple[int, ...]) -> tuple[Any, ...]:
+    """The current call's user objects at ``indices``, its binding found once: what a
+    compiled call's code resolves at its start (a backward's binding takes a walk to the
+    running autograd node, once per call rather than once per object). Anywhere else,
+    each index as ``lookup`` finds it."""
+    binding = state.calls.current
+    if binding is None:
+        binding = backward_binding()
+    if binding is None:
+        return tuple(lookup(index) for index in indices)
+    return tuple(resolve(binding, index) for index in indices)
+
+
 def _in_backward(index: int) -> Any:
     binding = backward_binding()
     return None if binding is None else resolve(binding, index)
@@ -86,4 +99,4 @@ def returned_object(index: int) -> Any:
     return resolve(binding, index)
 
 
-never_trace(returned_object, lookup)
+never_trace(returned_object, lookup, lookup_all)
