@@ -328,7 +328,8 @@ def test_an_aliased_input_updated_with_symbolic_sizes_compiles() -> None:
     """``b`` is a view of ``a``: AOTAutograd updates their base through ``as_strided``. The
     side region returned every value its sync lists, and Inductor's reinplace pass failed on
     the scatter chain it made of them with symbolic sizes (``as_strided() Expected a value
-    of type 'List[int]'``; helper-34)."""
+    of type 'List[int]'``; helper-34). Compiled whole (torch 2.12+), the sync passes the
+    inner scatter and Inductor fails the same way: such a graph compiles as regions."""
     compiled = torch.compile(update_a_base_read_its_view, backend="userstreams", dynamic=True)
     main = torch.accelerator.current_stream()
     for size in (4, 6):

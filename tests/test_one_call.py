@@ -249,27 +249,6 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     assert bool(report) is race_free, report
 
 
-@needs_one_call
-@pytest.mark.usefixtures("gpu_like")
-def test_a_folded_scatter_with_symbolic_views_falls_back_to_regions() -> None:
-    """A view of an input updated in place on a side stream, ``dynamic=True``: Inductor's
-    reinplace pass would fail on the scatter the sync passes (``as_strided() Expected a
-    value of type 'List[int]'``); the graph compiles as regions, with eager's values."""
-    from test_accelerator_regions import update_a_base_read_its_view
-
-    compiled = torch.compile(update_a_base_read_its_view, backend="userstreams", dynamic=True)
-    main = torch.accelerator.current_stream()
-    for size in (4, 6):
-        a, expected_a = torch.arange(float(size)), torch.arange(float(size))
-        expected = update_a_base_read_its_view(
-            expected_a, expected_a[1:], FakeAcceleratorStream(), main
-        )
-        got, code = run_and_get_code(compiled, a, a[1:], FakeAcceleratorStream(), main)
-        torch.testing.assert_close(got, expected)
-        torch.testing.assert_close(a, expected_a)
-        assert not any(ONE_CALL_CODE in module for module in code), code
-
-
 def test_the_one_call_option_takes_a_bool() -> None:
     assert package_options({ONE_CALL_OPTION: True, "max_autotune": False}) == (
         True,
