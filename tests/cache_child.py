@@ -29,10 +29,14 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def train(make_stream: Callable[[], torch.Stream], syncs_logged: bool) -> tuple[bool, bool]:
-    """Three calls with fresh inputs and streams: (gradients as eager, own streams synced)."""
+def train(
+    make_stream: Callable[[], torch.Stream], syncs_logged: bool, regions: bool = False
+) -> tuple[bool, bool]:
+    """Three calls with fresh inputs and streams: (gradients as eager, own streams synced);
+    ``regions`` asks for them where torch 2.12+ compiles one call per graph."""
     torch._dynamo.reset()
-    compiled = torch.compile(step, backend="userstreams")
+    options = {"userstreams.one_call": False} if regions else None
+    compiled = torch.compile(step, backend="userstreams", options=options)
     grads_ok, objects_ok = True, True
     for seed in range(3):
         generator = torch.Generator().manual_seed(seed)
@@ -57,11 +61,14 @@ def main() -> None:
     torch_userstreams.install()
     cpu = train(lambda: SimStream(device="cpu"), syncs_logged=False)
     with fake_accelerator():
-        accelerator = train(FakeAcceleratorStream, syncs_logged=True)
-    grads_ok, objects_ok = cpu[0] and accelerator[0], accelerator[1]
+        whole = train(FakeAcceleratorStream, syncs_logged=True)
+        regions = train(FakeAcceleratorStream, syncs_logged=True, regions=True)
+    grads_ok = cpu[0] and whole[0] and regions[0]
+    objects_ok = whole[1] and regions[1]
     report = {
         "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
         "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "fxgraph_cache_bypass": counters["inductor"]["fxgraph_cache_bypass"],
         "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
         "grads_ok": grads_ok,
         "objects_ok": objects_ok,

@@ -237,7 +237,7 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     if not pinned:
         monkeypatch.setattr(reuse_syncs, "PINNED_PASS", reuse_syncs.PASS)
     if not after_inductor:
-        monkeypatch.setattr(reuse_syncs, "after_inductors_passes", lambda gm, table, user: user)
+        monkeypatch.setattr(reuse_syncs, "resync_after_post_grad", lambda gm, table, user: user)
     program = no_op_between_streams(torch.clone, read_on_third=False)
     x = torch.randn(4, 6)
     streams = [FakeAcceleratorStream() for _ in range(3)]
@@ -247,6 +247,70 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     torch.testing.assert_close(out, program(x, *streams)[0])
     assert ONE_CALL_CODE in code, "one call"
     assert bool(report) is race_free, report
+
+
+def several_outputs_read_on_a_side_stream(
+    reads: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> Callable[..., torch.Tensor]:
+    """``made`` on s0, then read on s1 by an op with two outputs, through a clone."""
+
+    def program(x: torch.Tensor, s0: torch.Stream, s1: torch.Stream) -> torch.Tensor:
+        main = torch.accelerator.current_stream()
+        s0.wait_stream(main)
+        s1.wait_stream(main)
+        with s0:
+            made = x * x
+        s1.wait_stream(s0)
+        with s1:
+            values, indices = reads(made.clone())
+            out = (values + 1) * 2 + indices.float()
+        main.wait_stream(s1)
+        return out
+
+    return program
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+@pytest.mark.parametrize(
+    "reads",
+    [lambda t: torch.max(t, dim=1), lambda t: torch.sort(t, dim=1)],
+    ids=["max", "sort"],
+)
+def test_a_read_with_several_outputs_stays_before_the_sync_that_frees_its_buffer(
+    reads: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """The re-sync after the last read pins its record on the read's parts: Inductor 2.12
+    realises no tuple a ``control_deps`` depends on, and computed ``max`` after the record
+    (its kernel read ``made`` while s0 could reuse it)."""
+    program = several_outputs_read_on_a_side_stream(reads)
+    x = torch.randn(4, 6)
+    streams = (FakeAcceleratorStream(), FakeAcceleratorStream())
+    compiled = torch.compile(program, backend="userstreams")
+    with detect_races() as report:
+        out, [code] = run_and_get_code(compiled, x, *streams)
+    torch.testing.assert_close(out, program(x, *streams))
+    assert ONE_CALL_CODE in code, "one call"
+    assert report, report
+
+
+@needs_one_call
+@pytest.mark.usefixtures("gpu_like")
+def test_a_view_updated_on_a_side_stream_is_one_call_with_static_sizes() -> None:
+    """The regions fallback for a folded view-scatter is for symbolic sizes alone
+    (``test_accelerator_regions::test_an_aliased_input_updated_with_symbolic_sizes_compiles``)."""
+    from test_accelerator_regions import update_a_base_read_its_view
+
+    compiled = torch.compile(update_a_base_read_its_view, backend="userstreams", dynamic=False)
+    main = torch.accelerator.current_stream()
+    a, expected_a = torch.arange(6.0), torch.arange(6.0)
+    expected = update_a_base_read_its_view(
+        expected_a, expected_a[1:], FakeAcceleratorStream(), main
+    )
+    got, [code] = run_and_get_code(compiled, a, a[1:], FakeAcceleratorStream(), main)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(a, expected_a)
+    assert ONE_CALL_CODE in code, code
 
 
 def test_the_one_call_option_takes_a_bool() -> None:

@@ -18,7 +18,7 @@ from torch_userstreams.compile.contract import (
 )
 from torch_userstreams.compile.graph_compile import GraphCompile
 from torch_userstreams.compile.table import EntryKind, Phase, Reader
-from torch_userstreams.fx.meta import records, set_stream, stream_of
+from torch_userstreams.fx.meta import record, records, set_stream, stream_of
 from torch_userstreams.passes import (
     backward_phase,
     backward_syncs,
@@ -148,8 +148,9 @@ def test_inherit_streams_copies_the_forward_stream_by_seq_nr() -> None:
 
 
 def test_a_stream_set_on_a_copy_leaves_its_original_alone() -> None:
-    """``node_copy`` shares the ``custom`` dict of a node's meta with its copy (a region
-    module's nodes, the seeds Inductor copies): annotating one must not move the other."""
+    """``node_copy`` shares the ``custom`` dict and the pass records of a node's meta with
+    its copy (a region module's nodes, the seeds Inductor copies): annotating one, or
+    recording on it, must not change the other."""
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     original = node(graph, ops.aten.sin.default, (x,), stream=2)
@@ -157,6 +158,11 @@ def test_a_stream_set_on_a_copy_leaves_its_original_alone() -> None:
     assert copy.meta["custom"] is original.meta["custom"]
     set_stream(copy, 5)
     assert (stream_of(original), stream_of(copy)) == (2, 5)
+    record(original, "inherit_streams", "on the original")
+    copy = graph.node_copy(original)
+    record(copy, "grad_accumulation", "on the copy")
+    assert [r.pass_name for r in records(original)] == ["inherit_streams"]
+    assert [r.pass_name for r in records(copy)] == ["inherit_streams", "grad_accumulation"]
 
 
 def test_accumulation_follows_its_user_then_its_inputs() -> None:

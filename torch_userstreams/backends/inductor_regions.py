@@ -165,14 +165,14 @@ class StreamRegionsCompiler:
 
     def _resync_after(self, gm: torch.fx.GraphModule) -> Any:
         """The pass that puts the dealloc syncs Inductor's post-grad passes moved reads past
-        back in place (``reuse_syncs.after_inductors_passes``); with no table, no event
+        back in place (``reuse_syncs.resync_after_post_grad``); with no table, no event
         orders anything, and only the configured pass runs."""
         import torch._inductor.config as inductor_config
 
         configured = inductor_config.post_grad_custom_post_pass
         if self.table is None:
             return configured
-        return reuse_syncs.after_inductors_passes(gm, self.table, configured)
+        return reuse_syncs.resync_after_post_grad(gm, self.table, configured)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
         if getattr(kwargs.get("cudagraphs"), "value", False):

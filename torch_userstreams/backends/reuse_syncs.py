@@ -8,10 +8,10 @@ right after the no-op. ``x``'s stream could then reuse its memory while that rea
 
 ``resync_reuse`` checks each buffer a stream-partitioned graph allocates and frees against
 the dealloc syncs now in it and adds the missing ones, before the graph is split into
-regions: right after a stream's last read of the buffer, it records again the event a
-dealloc sync of the same buffer (this pass's or the dealloc pass's) recorded on that
-stream, and the buffer's own stream waits
-for it holding the buffer. The dealloc pass makes one event per sync, and the event is
+regions or compiled as one call: right after a stream's last read of the buffer, it
+records again the event a dealloc sync of the same buffer (this pass's or the dealloc
+pass's) recorded on that stream, and the buffer's own stream waits for it holding the
+buffer. The dealloc pass makes one event per sync, and the event is
 recorded again only after its last use, each record right before its wait: no pending wait
 sees the new record. The event is the graph's own and no later sync uses it, so no
 object is added to the table (a backward is compiled after its forward's calls have
@@ -24,11 +24,17 @@ then the partitioner recomputed the value in the backward instead of saving it, 
 forward frees it right after the other stream's read. While the backend still compiles
 the graph, its table takes a new event; a graph compiled later (a lazy backward) is refused
 with an error that names the read.
+
+A graph Inductor compiles as one call is lowered whole, and Inductor may compute a read
+inside a later kernel, after a record that nothing ties to it: there each record added is
+pinned after its read (``PINNED_PASS``), and the check runs again after Inductor's post-grad
+passes (``resync_after_post_grad``), which remove no-ops across streams once more.
 """
 
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +47,14 @@ from ..compile.contract import Fact, GraphPass
 from ..compile.graph_compile import GraphCompile
 from ..compile.table import Reader, UserObjectTable
 from ..errors import UnsupportedPathError
+from ..fx import control_deps, ops, record_and_wait
 from ..fx.control_deps import alias_of, is_passthrough, sync_of
 from ..fx.meta import device_of, is_backward_graph
 from ..fx.ops import made_by, op_name, operands
 from ..fx.record_and_wait import insert_record_and_wait
+from ..passes import devices
 from ..passes.devices import host_ordered, new_event
+from . import regions
 from .regions import runs_on
 
 NAME = "reuse_syncs"
@@ -171,13 +180,17 @@ def resync_reuse(
             continue  # the dealloc pass rightly made no sync for it
         if syncs.covers(buffer, owner, reader, position[last]):
             continue
+        # A read with several outputs is done once the last of its parts is taken (2.12's
+        # control_deps realises no tuple: the record pins after each part).
+        reads = _parts(last) or [last]
+        read_at = max(position[node] for node in reads)
         event = syncs.event_for(buffer, reader)
         if event is not None and table.entries[event].added_by in (_DEALLOC_PASS, NAME):
-            after = nodes[max(position[last], syncs.last_use[event])]
+            after = nodes[max(read_at, syncs.last_use[event])]
         elif requests is not None:
-            event, after = requests.new_event(table.device(reader)), last
+            event, after = requests.new_event(table.device(reader)), nodes[read_at]
         else:
-            raise _no_event(table, buffer, last)
+            raise _no_event(table, buffer, last, whole=pinned)
         if requests is not None:
             _load_current_streams(table, requests, reader, owner)
         notes += insert_record_and_wait(
@@ -195,13 +208,22 @@ def resync_reuse(
             ),
         )
         if pinned:
-            _after_read(gm, after.next, last)  # the record is inserted right after ``after``
+            _pin_after_reads(gm, after.next, reads)  # the record is right after ``after``
     return notes
 
 
-def _after_read(gm: torch.fx.GraphModule, record: torch.fx.Node, read: torch.fx.Node) -> None:
-    """``record`` wrapped in a ``control_deps`` on ``read``: Inductor computes ``read``
-    as its own buffer before the record (torch 2.12+, where the wrapper exists)."""
+def _parts(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The items taken of a node with several outputs (none for a tensor)."""
+    if isinstance(node.meta.get("val"), torch.Tensor):
+        return []
+    return [user for user in node.users if user.target is operator.getitem]
+
+
+def _pin_after_reads(
+    gm: torch.fx.GraphModule, record: torch.fx.Node, reads: list[torch.fx.Node]
+) -> None:
+    """``record`` wrapped in a ``control_deps`` on ``reads``: Inductor computes each as a
+    buffer of its own before the record (torch 2.12+, where the wrapper exists)."""
     from torch._functorch._aot_autograd.streams import _wrap_sync_node
 
     visited: set[torch.fx.Node] = set()
@@ -209,7 +231,7 @@ def _after_read(gm: torch.fx.GraphModule, record: torch.fx.Node, read: torch.fx.
         visited.add(node)
         if node is record:
             break
-    _wrap_sync_node(gm, record, [read], visited)
+    _wrap_sync_node(gm, record, reads, visited)
 
 
 def run(gm: torch.fx.GraphModule, compile_: GraphCompile) -> list[str]:
@@ -242,10 +264,11 @@ PASS = GraphPass(NAME, run, ensures=frozenset({Fact.REUSE_RESYNCED}))
 PINNED_PASS = GraphPass(NAME, run_pinned, ensures=frozenset({Fact.REUSE_RESYNCED}))
 
 
-def after_inductors_passes(gm: torch.fx.GraphModule, table: UserObjectTable, user_pass: Any) -> Any:
+def resync_after_post_grad(gm: torch.fx.GraphModule, table: UserObjectTable, user_pass: Any) -> Any:
     """An Inductor ``post_grad_custom_post_pass`` that runs ``user_pass`` (the one the
     compile was configured with, if any), then ``resync_reuse`` on what Inductor's post-grad
-    passes left.
+    passes left (Inductor's reinplacing and its stable sort run after it: neither moves a
+    read across a sync).
 
     A graph compiled as one call goes through those passes whole, and they remove no-ops
     across streams again (``remove_noop_ops``: a read of ``clone(made)`` on s2 becomes a
@@ -253,8 +276,10 @@ def after_inductors_passes(gm: torch.fx.GraphModule, table: UserObjectTable, use
     own dealloc sync names an event for each such read, so no new event is needed: the pass
     asks for none (a hit in Inductor's FX graph cache skips it, and must load the same
     objects), and refuses by name a read that would need one. Its ``uuid`` keys the cache
-    by this module and ``user_pass``'s own ``uuid``. Inductor runs it on each subgraph too;
-    only ``gm``'s graph holds streams.
+    by the modules it reads the graph with and ``user_pass``'s own ``uuid`` (today no such
+    graph is cached: Inductor caches no ``control_deps``). Inductor runs it on each subgraph
+    too; only ``gm``'s graph, marked, holds streams (a copy Inductor might make keeps the
+    mark). ``check()`` and ``explain()`` see the graph before this pass.
     """
     from torch._inductor.custom_graph_pass import (
         CustomInferenceAwareGraphPass,
@@ -268,16 +293,28 @@ def after_inductors_passes(gm: torch.fx.GraphModule, table: UserObjectTable, use
                     each(graph, is_inference=is_inference)
                 else:
                     each(graph)
-            if graph is gm.graph and resync_reuse(gm, table, pinned=True):
-                gm.recompile()
+            module = graph.owning_module
+            if not isinstance(module, torch.fx.GraphModule) or not module.meta.get(_MARK):
+                return
+            if resync_reuse(module, table, pinned=True):
+                module.recompile()
 
         def uuid(self) -> Any:
             users = [getattr(each, "uuid", lambda: None)() for each in _passes(user_pass)]
             if any(uuid is None for uuid in users):
                 return None  # a pass Inductor cannot key: no cache, as without us
-            return (get_hash_for_files((__file__,)).hex(), *users)
+            return (get_hash_for_files(_READERS).hex(), *users)
 
+    gm.meta[_MARK] = True
     return ResyncAfterInductor()
+
+
+_MARK = "torch_userstreams.resynced_after_post_grad"
+# The modules whose code decides what ``resync_reuse`` adds to a graph.
+_READERS = tuple(
+    module.__file__ or ""
+    for module in (sys.modules[__name__], control_deps, ops, record_and_wait, regions, devices)
+)
 
 
 def _passes(configured: Any) -> tuple[Any, ...]:
@@ -316,8 +353,16 @@ def _outputs(output: torch.fx.Node) -> list[torch.fx.Node]:
 
 
 def _no_event(
-    table: UserObjectTable, buffer: torch.fx.Node, last: torch.fx.Node
+    table: UserObjectTable, buffer: torch.fx.Node, last: torch.fx.Node, *, whole: bool
 ) -> UnsupportedPathError:
+    if whole:
+        return UnsupportedPathError(
+            f"torch_userstreams: graph {table.graph_name}: Inductor's post-grad passes moved "
+            f"{last} to read {buffer.name} on another stream than the one that allocated it, "
+            "and no event of the graph can order the reuse of its memory after that read "
+            "(the objects of a compiled call are fixed before Inductor's passes run). "
+            "Compile this function as regions: options={'userstreams.one_call': False}."
+        )
     return UnsupportedPathError(
         f"torch_userstreams: graph {table.graph_name}: after Inductor's graph passes, "
         f"{last.name} reads {buffer.name} on another stream than the one that allocated it, "

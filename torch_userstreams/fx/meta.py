@@ -132,9 +132,10 @@ class PassRecord:
 
 
 def record(node: torch.fx.Node, pass_name: str, note: str) -> PassRecord:
-    """Remember on ``node`` what a pass did; returns the record (for the pass's result)."""
+    """Remember on ``node`` what a pass did; returns the record (for the pass's result).
+    The list is the node's own: ``node_copy`` shares its original's."""
     entry = PassRecord(pass_name, note)
-    node.meta.setdefault(RECORDS, []).append(entry)
+    node.meta[RECORDS] = [*node.meta.get(RECORDS, ()), entry]
     return entry
 
 
