@@ -16,6 +16,7 @@ Anything else is an error that says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UserObjectError, compiled_autograd_hint
@@ -36,13 +37,18 @@ def lookup(index: int) -> Any:
         if obj is not None and index >= 0:
             return obj
         return resolve(binding, index)
+    return _outside_a_call(index, _RESOLVERS)
+
+
+def _outside_a_call(index: int, resolvers: tuple[Callable[[int], Any], ...]) -> Any:
+    """``index`` as the first of ``resolvers`` that knows the asker's context finds it."""
     if type(index) is not int:
         raise UserObjectError(
             f"torch_userstreams.lookup({index!r}): lookup takes a graph's integer table index "
             "(what new_stream(), new_event() or current_stream() returned while the graph "
             f"compiled), not a {type(index).__name__}; a stream's name is not an index."
         )
-    for resolver in _RESOLVERS:
+    for resolver in resolvers:
         found = resolver(index)
         if found is not None:
             return found
@@ -61,8 +67,8 @@ def lookup_all(indices: tuple[int, ...]) -> tuple[Any, ...]:
     binding = state.calls.current
     if binding is None:
         binding = backward_binding()
-    if binding is None:
-        return tuple(lookup(index) for index in indices)
+    if binding is None:  # no call and no backward: what ``lookup`` tries after those
+        return tuple(_outside_a_call(index, _RESOLVERS[1:]) for index in indices)
     return tuple(resolve(binding, index) for index in indices)
 
 
