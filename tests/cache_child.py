@@ -33,7 +33,8 @@ def train(
     make_stream: Callable[[], torch.Stream], syncs_logged: bool, regions: bool = False
 ) -> tuple[bool, bool]:
     """Three calls with fresh inputs and streams: (gradients as eager, own streams synced);
-    ``regions`` asks for them where torch 2.12+ compiles one call per graph."""
+    ``regions`` asks for them where torch 2.12+ compiles one call per graph (whether
+    Inductor caches that one call varies: docs/limits.md)."""
     torch._dynamo.reset()
     options = {"userstreams.one_call": False} if regions else None
     compiled = torch.compile(step, backend="userstreams", options=options)
@@ -61,10 +62,9 @@ def main() -> None:
     torch_userstreams.install()
     cpu = train(lambda: SimStream(device="cpu"), syncs_logged=False)
     with fake_accelerator():
-        whole = train(FakeAcceleratorStream, syncs_logged=True)
         regions = train(FakeAcceleratorStream, syncs_logged=True, regions=True)
-    grads_ok = cpu[0] and whole[0] and regions[0]
-    objects_ok = whole[1] and regions[1]
+    grads_ok = cpu[0] and regions[0]
+    objects_ok = regions[1]
     report = {
         "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
         "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
