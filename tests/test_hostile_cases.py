@@ -26,6 +26,7 @@ from torch_userstreams.run import binding as bindings
 from torch_userstreams.run.backward import BINDING_ATTR
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.testing import capture, check_stream_safety
+from torch_userstreams.testing.capture import no_compile_caches
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 from torch_userstreams.testing.objects import live_user_objects
 
@@ -480,6 +481,7 @@ def back_on_its_own_main_stream(x: torch.Tensor, s: torch.Stream) -> torch.Tenso
 
 @pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("fn", [doubled_on, back_on_its_own_main_stream], ids=lambda f: f.__name__)
+@no_compile_caches()  # Inductor's cache keys native code by the graph, not by our codegen
 def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) -> None:
     """Inductor 2.12+ enters ``stream1`` (or ``default_stream``, for a stream the function
     made and entered last) in its CPU code, and defined those names only inside a GPU

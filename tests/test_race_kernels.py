@@ -220,6 +220,7 @@ def kernel_blocks(code: str) -> dict[str, str]:
 
 @pytest.mark.usefixtures("installed")
 @native_one_call
+@no_compile_caches()  # Inductor's cache keys native code by the graph, not by our codegen
 def test_nodes_of_two_streams_never_share_a_cpp_kernel() -> None:
     """Inductor's C++ backend writes a kernel's call when it is flushed, and Inductor changed
     stream blocks without flushing it: ``w.sin()`` on one stream and ``w * 0.5`` on another
