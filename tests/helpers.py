@@ -9,6 +9,10 @@ from typing import Any
 
 import torch
 
+# ``options`` that compile each graph with streams as regions on every torch (torch 2.12+
+# compiles one as one call by default).
+REGIONS = {"userstreams.one_call": False}
+
 
 def doubled_on_a_side_stream(x: torch.Tensor, side: torch.Stream) -> torch.Tensor:
     """``sin(2x)``, with ``2x`` made on ``side`` and joined to a fresh stream by an event:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import REGIONS
 
 import torch_userstreams
 from torch_userstreams.fx.control_deps import alias_of
@@ -29,10 +30,6 @@ from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorStream,
     fake_accelerator,
 )
-
-# The tests of the region split itself compile as regions on every torch (torch 2.12+
-# compiles a graph with streams as one call by default).
-REGIONS = {"userstreams.one_call": False}
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch._functorch._aot_autograd.streams as aot_streams
+from helpers import REGIONS
 
 import torch_userstreams
 from torch_userstreams.backends import donations
@@ -124,7 +125,9 @@ def test_a_backward_cached_with_other_donations_is_not_served(
 
     def run() -> list[torch.Tensor]:
         torch._dynamo.reset()
-        compiled = torch.compile(event_after_side_work, backend="userstreams")
+        # Regions: on CPU, one graph without streams or syncs, which keeps its donations
+        # (one call per graph donates nothing).
+        compiled = torch.compile(event_after_side_work, backend="userstreams", options=REGIONS)
         return grads_and_leaves(compiled, tensors, SimStream(device="cpu"), SimEvent(device="cpu"))[
             0
         ]

@@ -338,3 +338,57 @@ def test_a_shadowed_attribute_is_restored_as_it_was() -> None:
         assert owner.method() == "shadow" and owner.attribute == "shadow"  # type: ignore[attr-defined]
     assert owner.method() == "class" and "method" not in vars(owner)
     assert owner.attribute == "instance"  # type: ignore[attr-defined]
+
+
+def side_then_joined(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream, done: torch.Event
+) -> torch.Tensor:
+    with s:
+        y = (x * w).sin()
+        done.record(s)
+    done.wait()
+    return (y * w).sum()
+
+
+class _Entered:
+    """An observer that keeps the streams simulated code enters, in order."""
+
+    def __init__(self) -> None:
+        self.streams: list[torch.Stream] = []
+
+    def enter(self, stream: torch.Stream) -> None:
+        self.streams.append(stream)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args: None  # every other event the observer is told of
+
+
+@needs_one_call
+@pytest.mark.parametrize("one_call", [True, False], ids=["default", "regions"])
+def test_a_cpu_graph_is_one_call_on_its_streams_without_syncs(one_call: bool) -> None:
+    """On CPU the backend takes the accelerator's path: one call per graph, each node in its
+    stream's block (the call's own stream, forward and backward), its syncs left out: every
+    op runs on the host in program order, and native CPU events cannot record. Regions
+    (asked for) compile CPU graphs without streams. Gradients are eager's either way."""
+    from torch_userstreams.observe import watching
+    from torch_userstreams.simulator import SimEvent, SimStream
+
+    options = None if one_call else {ONE_CALL_OPTION: False}
+    gen = torch.Generator().manual_seed(3)
+    leaves = [torch.randn(8, generator=gen, requires_grad=True) for _ in range(2)]
+    side_then_joined(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
+    expected = [leaf.grad for leaf in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    compiled = torch.compile(side_then_joined, backend="userstreams", options=options)
+    s, done = SimStream(device="cpu"), SimEvent(device="cpu")
+    with torch_userstreams.installed(), no_compile_caches(), watching(_Entered()) as entered:
+        _, code = run_and_get_code(lambda: compiled(*leaves, s, done).backward())
+    torch._dynamo.reset()
+    torch.testing.assert_close([leaf.grad for leaf in leaves], expected)
+    assert len(code) == 2, "one compiled call for the forward, one for the backward"
+    for module in code:
+        assert ("with stream1:" in module) is one_call, module
+        assert not re.search(r"user_object\d+\.\w+\(|streams\.\w+\.default\(", module), module
+    assert not done.log, "no sync is issued on CPU"
+    assert entered.streams == ([s, s] if one_call else []), entered.streams

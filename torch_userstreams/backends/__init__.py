@@ -1,10 +1,10 @@
 """``torch.compile`` backends that use the package, registered by name via entry points.
 
 * ``userstreams``: Inductor, with the package's table, prologue and passes; a graph that
-  uses streams is compiled as one call that runs each node on its stream (torch 2.12+), or
-  region by region, each region run on its own stream (torch 2.11, or asked with
-  ``options={"userstreams.one_call": False}``; ``inductor_regions``); on CPU it is one
-  Inductor graph without its syncs.
+  uses streams is compiled as one call that runs each node on its stream (torch 2.12+; on
+  CPU without its syncs, which program order meets), or region by region, each region run
+  on its own stream (torch 2.11, or asked with ``options={"userstreams.one_call": False}``;
+  ``inductor_regions``; on CPU one Inductor graph without its streams and syncs).
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``executor``) — for debugging stream programs.
 

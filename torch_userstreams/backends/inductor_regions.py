@@ -4,16 +4,16 @@ AOTAutograd's graphs (after the package's passes and the partitioner) reach it w
 node's stream annotated and every sync in place. It compiles:
 
 * a graph with no stream annotation and no sync: as is;
-* a graph whose streams and events are all CPU objects: as one graph with its annotations
-  and syncs removed. That is exact: a CPU stream runs nothing asynchronously, every op runs
-  in program order on the host, so every sync is already satisfied when it would be issued,
-  and no value or lifetime changes;
-* otherwise, where Inductor runs each node of a graph on its own stream (torch 2.12+),
-  by default: as **one compiled call** (``whole``). Inductor places each node on its
-  stream; while the package is installed its scheduler keeps every sync where the graph
-  put it (``patch.inductor_order``) and its code resolves the call's objects once and
-  issues each sync as their method (``patch.inductor_streams``). A graph that would meet
-  one of Inductor's own failures stays regions (``stays_regions``);
+* where Inductor runs each node of a graph on its own stream (torch 2.12+), by default: as
+  **one compiled call** (``whole``), on an accelerator and on CPU alike. Inductor places
+  each node on its stream; while the package is installed its scheduler keeps every sync
+  where the graph put it (``patch.inductor_order``) and its code resolves the call's
+  objects once and issues each sync as their method (``patch.inductor_streams``). A graph
+  whose streams and events are all CPU objects goes without its syncs: a CPU stream runs
+  nothing asynchronously, every op runs in program order on the host, so every sync is
+  already satisfied when it would be issued (and native CPU events cannot record). A
+  graph that would meet one of Inductor's own failures stays regions (``stays_regions``);
+* otherwise, a CPU graph: as one graph without its streams and syncs (exact, as above);
 * otherwise (torch 2.11, whose Inductor runs every kernel on one stream, or asked with
   ``options={"userstreams.one_call": False}``): split into regions of one stream each
   (``regions.split``); each region is compiled by Inductor on its own, except one of a
@@ -65,6 +65,7 @@ from .regions import (
     split,
     syncs_in_subgraphs,
     without_streams,
+    without_syncs,
 )
 from .subgraph_streams import construct_names
 
@@ -79,7 +80,8 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 # a buffer made and read on the current stream took a side stream's key, and a side-stream
 # kernel reused its memory while the current stream could still read it (2.13, found by the
 # race detector on a generated program). A graph compiled as one call reuses no buffer, on
-# every release (memory for correctness; 2.12 renames nothing, untested without it).
+# every release (memory for correctness; 2.12 renames nothing, untested without it), except
+# on CPU, where every kernel runs on the host in program order.
 NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 # What each graph with stream work has had done before its region split, by the passes that
@@ -112,38 +114,45 @@ class StreamRegionsCompiler:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("is_inference"):
             sync_inference_graph_in_backend(gm)
-        whole = False
-        if not self.cpu and has_stream_work(gm):
+        streams = has_stream_work(gm)
+        whole = streams and self.one_call and not stays_regions(gm)
+        stripped = streams and self.cpu and not whole
+        if streams and not stripped:
             mark_graph_phase(gm, backward=bool(kwargs.get("is_backward")))
-            whole = self.one_call and not stays_regions(gm)
-            if self.compile_ is None:
-                ensure(gm, Fact.REUSE_RESYNCED)  # no table: no event orders anything
+            if self.compile_ is None or self.cpu:
+                ensure(gm, Fact.REUSE_RESYNCED)  # no table, or CPU: no event orders anything
             else:
                 resync = reuse_syncs.PINNED_PASS if whole else reuse_syncs.PASS
                 run_passes(gm, (resync,), self.compile_)
         if self.on_graph is not None:
             self.on_graph(gm, kwargs)
         check_graph(gm, self.table, "backward" if kwargs.get("is_backward") else "forward")
-        if not has_stream_work(gm):
+        if not streams:
             self._note_reads(gm, kwargs)
             # Its forward may have had stream work, and its donations been amended.
             with keyed_by_donations() if kwargs.get("is_backward") else contextlib.nullcontext():
                 return self.compile_region(gm, example_inputs, **kwargs)
         # Passthroughs run as their operands in both paths below: what AOTAutograd counted
         # as separate saved tensors may now be one tensor, or an input (``donations``).
-        with true_donations(gm, kwargs, regions=not self.cpu):
-            if self.cpu:
-                stripped = without_streams(gm)
-                self._note_reads(stripped, kwargs)
-                return self.compile_region(stripped, example_inputs, **kwargs)
+        with true_donations(gm, kwargs, regions=not stripped):
+            if stripped:
+                stripped_gm = without_streams(gm)
+                self._note_reads(stripped_gm, kwargs)
+                return self.compile_region(stripped_gm, example_inputs, **kwargs)
+            if whole and self.cpu:
+                # Every op of a CPU graph runs on the host in program order: each sync is
+                # met before it would be issued (native CPU events cannot even record). Its
+                # streams stay, for Inductor to place each node on as on an accelerator.
+                gm = without_syncs(gm)
+                self._note_reads(gm, kwargs)
             if whole:
                 return self.whole(gm, example_inputs, kwargs)
             return self.partitioned(gm, kwargs)
 
     def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
         """On CPU every graph of the compile is compiled here, so the compile learns all that
-        its compiled code reads (usually nothing): the load plan then skips the events the
-        passes requested for syncs that were removed."""
+        its compiled code reads (its streams, or nothing): the load plan then skips the
+        events the passes requested for syncs that were removed."""
         if self.cpu and self.compile_ is not None:
             reads = set().union(*(referenced_indices(m.graph) for m in held_by(gm)))
             report_reads(self.compile_, reads, backward=bool(kwargs.get("is_backward")))
@@ -160,17 +169,19 @@ class StreamRegionsCompiler:
         factories_on_their_readers_stream(gm)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
-        with keyed_by_streams(gm), inductor_config.patch({**NO_BUFFER_REUSE, **resync}):
+        reuse = {} if self.cpu else NO_BUFFER_REUSE
+        with keyed_by_streams(gm), inductor_config.patch({**reuse, **resync}):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 
     def _resync_after(self, gm: torch.fx.GraphModule) -> Any:
         """The pass that puts the dealloc syncs Inductor's post-grad passes moved reads past
         back in place (``reuse_syncs.resync_after_post_grad``); with no table, no event
-        orders anything, and only the configured pass runs."""
+        orders anything (nor on CPU, where no sync is issued), and only the configured pass
+        runs."""
         import torch._inductor.config as inductor_config
 
         configured = inductor_config.post_grad_custom_post_pass
-        if self.table is None:
+        if self.table is None or self.cpu:
             return configured
         return reuse_syncs.resync_after_post_grad(gm, self.table, configured)
 

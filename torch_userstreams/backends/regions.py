@@ -528,9 +528,13 @@ def has_stream_work(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def without_streams(gm: torch.fx.GraphModule, *, keep_syncs: bool = False) -> torch.fx.GraphModule:
-    """A copy of ``gm`` (and of the subgraphs it calls) with no stream annotation, and, unless
-    ``keep_syncs``, no sync: a ``control_deps`` passthrough becomes its operand."""
+def without_streams(
+    gm: torch.fx.GraphModule, *, keep_syncs: bool = False, keep_streams: bool = False
+) -> torch.fx.GraphModule:
+    """A copy of ``gm`` (and of the subgraphs it calls) with no stream annotation (unless
+    ``keep_streams``: ``gm``'s own nodes keep theirs; a subgraph runs on its caller's
+    stream), and, unless ``keep_syncs``, no sync: a ``control_deps`` passthrough becomes its
+    operand."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
     for node in gm.graph.nodes:
@@ -540,7 +544,8 @@ def without_streams(gm: torch.fx.GraphModule, *, keep_syncs: bool = False) -> to
             continue
         if not keep_syncs and sync_of(gm, node) is not None:
             continue
-        env[node] = drop_stream(graph.node_copy(node, lambda n: env[n]))
+        copy = graph.node_copy(node, lambda n: env[n])
+        env[node] = copy if keep_streams else drop_stream(copy)
     graph.eliminate_dead_code()
     return torch.fx.GraphModule(attributes(gm, graph, keep_syncs=keep_syncs), graph)
 
@@ -557,3 +562,10 @@ def attributes(
                 value = without_streams(value, keep_syncs=keep_syncs)
             found[str(node.target)] = value
     return found
+
+
+def without_syncs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` without its syncs, each of its nodes still on its stream (the
+    subgraphs it calls run on their caller's): what a CPU graph, whose program order meets
+    every sync, compiles as one call."""
+    return without_streams(gm, keep_streams=True)

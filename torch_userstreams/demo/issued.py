@@ -4,8 +4,8 @@ The backends issue different syncs for the same graph:
 
 * ``userstreams_aot_eager`` runs every node in graph order on its stream and issues every
   sync (``backends.executor``);
-* ``userstreams`` compiles a graph whose objects are all CPU ones without its streams and
-  syncs (a CPU stream runs everything in program order): none is issued;
+* ``userstreams`` compiles a graph whose objects are all CPU ones without its syncs (a CPU
+  stream runs everything in program order): none is issued;
 * ``userstreams`` on an accelerator splits the graph into per-stream regions, holding back
   the records of package-made events (``regions.split``), and leaves out the waits
   ``redundant_syncs`` finds redundant, with their records.
