@@ -1,7 +1,9 @@
 """Where Inductor itself loses to eager on the CPU demo: evidence for the demo rows.
 
-On CPU the package hands Inductor the demo's graph whole, without syncs, so the package's
-steps/s can only be Inductor's. Two measurements say why Inductor on the model alone is
+On CPU the package hands Inductor the demo's graph whole, without syncs (as one graph
+without streams, or, on torch 2.12+, as one call on its streams, which fuses nothing across
+two streams and pays a lookup per call), so the package's steps/s follow Inductor's. Two
+measurements say why Inductor on the model alone is
 below eager at the demo's size (dim 64, batch 64, one thread), and a third what any compiled
 training call costs (the demo compiles its loss with its model, which puts it above eager):
 

@@ -2,7 +2,8 @@
 Inductor's FX graph cache serves every region, the gradients are eager's, each call syncs its
 own streams, and AOTAutograd's cache is bypassed (a hit would skip the passes' requests).
 The accelerator's graphs are regions here (``userstreams.one_call`` False on torch 2.12+):
-whether Inductor caches one call per graph varies (docs/limits.md)."""
+whether Inductor caches one call per graph varies (docs/limits.md). A CPU graph's one call
+has no sync left to pin, and is cached, under a key that names the package's code."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+from test_one_call import side_then_joined
 
 CHILD = Path(__file__).parent / "cache_child.py"
 TIMEOUT_S = 300
@@ -90,3 +93,37 @@ def test_native_stream_code_in_the_cache_is_never_served_to_the_package(tmp_path
     if torch.__version__ >= "2.12":
         assert outputs[:2] == ["native failed: name 'stream1' is not defined"] * 2, outputs
     assert outputs[2] == "package: True"
+
+
+def test_one_call_code_cached_by_another_package_version_is_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package writes part of a one-call graph's code (its lookup line, its stream
+    blocks): a cache a different version of the package warmed must not serve it. The
+    digest of the package's modules stands in for another version's files."""
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    import torch_userstreams
+    from torch_userstreams.backends import cache_tag
+    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+    from torch_userstreams.simulator import SimEvent, SimStream
+
+    if not inductor_runs_streams():
+        pytest.skip("torch 2.11 compiles CPU graphs as regions: plain code, keyed by Inductor")
+
+    def compile_and_count() -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(side_then_joined, backend="userstreams")
+        x, w = (torch.rand(8, requires_grad=True) for _ in range(2))
+        compiled(x, w, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
+        return {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with torch_userstreams.installed(), inductor_config.patch(fx_graph_cache=True):
+        assert compile_and_count() == {"fxgraph_cache_miss": 2}
+        assert compile_and_count() == {"fxgraph_cache_hit": 2}
+        monkeypatch.setattr(cache_tag, "package_code_digest", lambda: "another version")
+        assert compile_and_count() == {"fxgraph_cache_miss": 2}
+    torch._dynamo.reset()

@@ -125,8 +125,8 @@ def test_a_backward_cached_with_other_donations_is_not_served(
 
     def run() -> list[torch.Tensor]:
         torch._dynamo.reset()
-        # Regions: on CPU, one graph without streams or syncs, which keeps its donations
-        # (one call per graph donates nothing).
+        # As regions: on CPU, one graph without streams or syncs, the graph whose unamended
+        # donations gave wrong gradients.
         compiled = torch.compile(event_after_side_work, backend="userstreams", options=REGIONS)
         return grads_and_leaves(compiled, tensors, SimStream(device="cpu"), SimEvent(device="cpu"))[
             0

@@ -392,3 +392,35 @@ def test_a_cpu_graph_is_one_call_on_its_streams_without_syncs(one_call: bool) ->
         assert not re.search(r"user_object\d+\.\w+\(|streams\.\w+\.default\(", module), module
     assert not done.log, "no sync is issued on CPU"
     assert entered.streams == ([s, s] if one_call else []), entered.streams
+
+
+@needs_one_call
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"cpp_wrapper": True}, id="cpp-wrapper"),
+        pytest.param(
+            {"triton.cudagraphs": True, "triton.cudagraph_or_error": True}, id="cudagraphs"
+        ),
+    ],
+)
+def test_a_cpu_graph_compiles_under_the_options_of_the_path_it_left(
+    options: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CPU graph compiled without streams took ``cpp_wrapper`` and CUDA graphs as any
+    Inductor graph: under the C++ wrapper, which the package writes no stream block into,
+    it still does; CUDA graphs capture nothing on CPU, so nothing is skipped or refused."""
+    from torch_userstreams.simulator import SimEvent, SimStream
+
+    gen = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(8, generator=gen, requires_grad=True) for _ in range(2)]
+    side_then_joined(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
+    expected = [leaf.grad for leaf in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    compiled = torch.compile(side_then_joined, backend="userstreams", options=options)
+    with torch_userstreams.installed(), no_compile_caches():
+        compiled(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close([leaf.grad for leaf in leaves], expected)
+    assert "skipping cudagraphs" not in caplog.text

@@ -37,14 +37,31 @@ def own_cache_entries() -> Iterator[None]:
 def keyed_by_streams(gm: torch.fx.GraphModule) -> Iterator[None]:
     """Compile a graph Inductor runs on several streams under a key that names each node's
     stream: its code alone is the same as that of the same ops on other streams (or on
-    none), whose compiled code would run them where this graph does not."""
+    none), whose compiled code would run them where this graph does not. The key names the
+    package's own code too: while installed, the package writes part of the code Inductor
+    generates for such a graph (``patch.inductor_streams``), and a cache warmed by another
+    version of it would serve that version's code."""
     from ..fx.meta import stream_of
 
     placed = [(node.name, stream_of(node)) for node in gm.graph.nodes]
     digest = hashlib.sha256(repr(placed).encode()).hexdigest()[:16]
     tag = torch.compiler.config.cache_key_tag  # type: ignore[attr-defined]
-    with torch.compiler.config.patch(cache_key_tag=f"{tag}|streams={digest}"):  # type: ignore[attr-defined]
+    keys = f"{tag}|streams={digest}|code={package_code_digest()}"
+    with torch.compiler.config.patch(cache_key_tag=keys):  # type: ignore[attr-defined]
         yield
+
+
+@functools.cache
+def package_code_digest() -> str:
+    """A digest of every module of the installed package (read once per process)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        found.update(str(path.relative_to(root)).encode())
+        found.update(path.read_bytes())
+    return found.hexdigest()[:16]
 
 
 def tagged(compiler: Callable[..., Any]) -> Callable[..., Any]:

@@ -116,6 +116,8 @@ class StreamRegionsCompiler:
             sync_inference_graph_in_backend(gm)
         streams = has_stream_work(gm)
         whole = streams and self.one_call and not stays_regions(gm)
+        # The package writes a CPU graph's stream blocks into Python wrapper code only.
+        whole = whole and not (self.cpu and _not_python_wrapper())
         stripped = streams and self.cpu and not whole
         if streams and not stripped:
             mark_graph_phase(gm, backward=bool(kwargs.get("is_backward")))
@@ -161,7 +163,8 @@ class StreamRegionsCompiler:
         """The graph as one compiled call, its streams and syncs Inductor's to issue."""
         import torch._inductor.config as inductor_config
 
-        if getattr(kwargs.get("cudagraphs"), "value", False):
+        if getattr(kwargs.get("cudagraphs"), "value", False) and not self.cpu:
+            # (Inductor captures no CPU graph: nothing to skip, nor to log.)
             backward = bool(kwargs.get("is_backward"))
             _skip_cudagraphs(gm, self.table, backward=backward, one_call=True)
         _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
@@ -481,6 +484,13 @@ def inductor_runs_streams() -> bool:
     from torch._inductor.scheduler import Scheduler
 
     return hasattr(Scheduler, "_populate_stream_assignments")
+
+
+def _not_python_wrapper() -> bool:
+    """Whether Inductor writes C++ or FX wrapper code for the graph being compiled."""
+    import torch._inductor.config as inductor_config
+
+    return bool(inductor_config.cpp_wrapper or getattr(inductor_config, "fx_wrapper", False))
 
 
 def can_compile_one_call() -> bool:

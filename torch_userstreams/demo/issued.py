@@ -97,7 +97,7 @@ def syncs_caption(backend: str, table: UserObjectTable | None, left_out: int) ->
     if all_on_cpu(table) and left_out:
         return (
             "syncs: none ran. On CPU, backend 'userstreams' compiles each graph without its "
-            "streams and syncs (a CPU stream runs everything in program order); the hollow "
+            "syncs (a CPU stream runs everything in program order); the hollow "
             "markers show where the code's syncs were"
         )
     if not left_out:
