@@ -718,6 +718,44 @@ def test_a_view_of_an_input_updated_beside_side_work_is_a_forward_output(
         torch.testing.assert_close(value, reference)
 
 
+def _update_a_buffer_then_view(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Stream
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with s:
+        x[1:].mul_(2)
+        y = x * w
+    return y, x[:3]
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("backend", ["userstreams_aot_eager", "userstreams"])
+@pytest.mark.parametrize("device", ["cpu", "fake accelerator"])
+def test_a_view_of_a_buffer_updated_on_a_side_stream_is_a_forward_output(
+    backend: str, device: str
+) -> None:
+    """An input that needs no gradient gets its new value inside the graph (a ``copy_``),
+    not as an output; the view of it AOTAutograd rebuilds after the backward was tagged
+    backward, and the partitioner raised "AssertionError: Node getitem_2 was invalid, but
+    is output" (found by helper-13; native aot_eager compiled it)."""
+
+    def run(fn: Callable[..., Any], stream: torch.Stream) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(4)
+        x, w = torch.randn(6, generator=gen), torch.randn(6, generator=gen, requires_grad=True)
+        y, view = fn(x, w, stream)
+        (y * view.sum()).sum().backward()
+        return [y.detach(), view, x, w.grad]
+
+    expected = run(_update_a_buffer_then_view, SimStream(device="cpu"))
+    compiled = torch.compile(_update_a_buffer_then_view, backend=backend)
+    if device == "cpu":
+        got = run(compiled, SimStream(device="cpu"))
+    else:
+        with fake_accelerator():
+            got = run(compiled, FakeAcceleratorStream())
+    for value, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, reference)
+
+
 class _GradientFromASideValue(torch.autograd.Function):
     """A backward that ignores its incoming gradient and joins the side stream before it
     reads a value the side stream wrote."""

@@ -19,7 +19,8 @@ backward (no tangent, no backward node) is left alone.
 
 Exception: AOTAutograd replays, after the backward, the views the function returns of an
 input it updated in place (``x += t; return x[1:]``): the output is rebuilt as a view of the
-updated value. Such a node is a view of a forward node the graph returns (the new value),
+updated value. Such a node is a view of a forward node the graph returns or copies into the
+input (the new value),
 feeds only the graph's outputs and has no stream: it is a forward output, tagged forward
 and moved to the end of the forward. Tagged backward, or left among the backward's syncs,
 it was made to wait for the backward, and the partitioner rejected the graph ("Node ... was
@@ -72,6 +73,13 @@ def _rebuilt_forward_outputs(untagged: list[torch.fx.Node]) -> set[torch.fx.Node
     skipped could have ordered it."""
     output = next(iter(untagged[0].graph.find_nodes(op="output"))) if untagged else None
     outputs = set(output.all_input_nodes) if output is not None else set()
+    # An input updated inside the graph gets its new value by a ``copy_`` there, not as an
+    # output (``keep_inference_input_mutations``).
+    copy_ = torch.ops.aten.copy_.default
+    for graph in {node.graph for node in untagged}:
+        for node in graph.find_nodes(op="call_function", target=copy_):
+            if isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
+                outputs.add(node.args[1])  # type: ignore[arg-type]
     views: set[torch.fx.Node] = set()
     for node in untagged:
         target = node.target
