@@ -22,6 +22,7 @@ import torch
 
 import torch_userstreams
 import torch_userstreams.patch.install
+from torch_userstreams.backends.inductor_options import ONE_CALL_OPTION
 from torch_userstreams.demo.config import DemoConfig
 from torch_userstreams.demo.model import (
     Batch,
@@ -89,16 +90,18 @@ def _steps_per_s(step: Step, batches: list[Batch], device: torch.device, eager: 
 
 INDUCTOR = "inductor, no streams"
 MODEL_ONLY = "userstreams, model only"
+REGIONS = "userstreams, regions"
 MASKS_RECOMPUTED = "inductor, no streams, relu masks recomputed"
 
 
 def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict[str, list[float]]:
     """steps/s of blocks of ``block`` steps, eager / ``userstreams`` / Inductor on the model
     without streams taking turns (order reversed every round), in one process, each compiled
-    with its loss as the demo compiles it. Two more contenders are for reading the ratio
-    only: ``userstreams`` on the model alone, its loss eager (what the demo compiled before);
-    and Inductor on the model without streams whose relu masks are recomputed in the
-    backward instead of saved (``inductor_gap``).
+    with its loss as the demo compiles it. Three more contenders are for reading the ratio
+    only: ``userstreams`` as regions (``one_call`` False: on CPU, one graph without streams;
+    the default on 2.11); ``userstreams`` on the model alone, its loss eager (what the demo
+    compiled before); and Inductor on the model without streams whose relu masks are
+    recomputed in the backward instead of saved (``inductor_gap``).
 
     Timing the runs one after the other, as the demo does, compares eager in a fresh process
     with compiled steps taken right after compiling, in a process holding Inductor's
@@ -114,6 +117,14 @@ def interleaved_steps_per_s(config: DemoConfig, rounds: int, block: int) -> dict
     steps["userstreams"] = _trainer(
         package_model,
         torch.compile(ForwardAndLoss(package_model), backend="userstreams"),
+        config.lr,
+    )
+    as_regions = build_model(config.dim, config.blocks, device, config.seed)
+    steps[REGIONS] = _trainer(
+        as_regions,
+        torch.compile(
+            ForwardAndLoss(as_regions), backend="userstreams", options={ONE_CALL_OPTION: False}
+        ),
         config.lr,
     )
     model_only = build_model(config.dim, config.blocks, device, config.seed)
@@ -173,6 +184,7 @@ def speed_rows(device: torch.device, steps: int, rounds: int) -> list[Row]:
     return [
         untargeted(INDUCTOR, "inductor without streams over eager (reference)"),
         untargeted(MODEL_ONLY, "userstreams, model compiled without its loss (reference)"),
+        untargeted(REGIONS, "userstreams as regions over eager (reference; one call on 2.12+)"),
         untargeted(MASKS_RECOMPUTED, "same, relu masks recomputed, over eager (diagnostic)"),
         Row(
             BENCH,

@@ -20,11 +20,10 @@ backward (no tangent, no backward node) is left alone.
 Exception: AOTAutograd replays, after the backward, the views the function returns of an
 input it updated in place (``x += t; return x[1:]``): the output is rebuilt as a view of the
 updated value. Such a node is a view of a forward node the graph returns or copies into the
-input (the new value),
-feeds only the graph's outputs and has no stream: it is a forward output, tagged forward
-and moved to the end of the forward. Tagged backward, or left among the backward's syncs,
-it was made to wait for the backward, and the partitioner rejected the graph ("Node ... was
-invalid, but is output").
+input (the new value), feeds only the graph's outputs and has no stream: it is a forward
+output, tagged forward and moved to the end of the forward. Tagged backward, or left
+among the backward's syncs, it was made to wait for the backward, and the partitioner
+rejected the graph ("Node ... was invalid, but is output").
 """
 
 from __future__ import annotations
