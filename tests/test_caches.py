@@ -1,9 +1,10 @@
 """A second process with a warm Inductor cache compiles the same stream training step:
 Inductor's FX graph cache serves every region, the gradients are eager's, each call syncs its
 own streams, and AOTAutograd's cache is bypassed (a hit would skip the passes' requests).
-The accelerator's graphs are regions here (``userstreams.one_call`` False on torch 2.12+):
-whether Inductor caches one call per graph varies (docs/limits.md). A CPU graph's one call
-has no sync left to pin, and is cached, under a key that names the package's code."""
+The accelerator's graphs compile both as regions and as one call per graph (the default on
+torch 2.12+, whose syncs are pinned by ``control_deps``, which the package marks cacheable
+for its compiles). A CPU graph's one call has no sync left to pin. Keys name the package's
+code."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ CHILD = Path(__file__).parent / "cache_child.py"
 TIMEOUT_S = 300
 
 
-def last_line_of(cache_dir: Path, *argv: str) -> str:
+def last_line_of(cache_dir: Path, *argv: str, hash_seed: str | None = None) -> str:
     """Run ``python *argv`` with ``cache_dir`` as Inductor's cache; its last line of output."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
     done = subprocess.run(
         [sys.executable, *argv],
         env=env,
@@ -37,13 +40,16 @@ def last_line_of(cache_dir: Path, *argv: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def run_child(cache_dir: Path) -> dict[str, Any]:
-    return json.loads(last_line_of(cache_dir, str(CHILD)))  # type: ignore[no-any-return]
+def run_child(cache_dir: Path, hash_seed: str) -> dict[str, Any]:
+    line = last_line_of(cache_dir, str(CHILD), hash_seed=hash_seed)
+    return json.loads(line)  # type: ignore[no-any-return]
 
 
 def test_a_second_process_uses_the_warm_cache_and_its_own_objects(tmp_path: Path) -> None:
-    first = run_child(tmp_path)
-    second = run_child(tmp_path)
+    # Two hash seeds under which a set of the package's enum members pickled in two orders
+    # into a one-call graph's key (its meta): the second process missed every such graph.
+    first = run_child(tmp_path, hash_seed="1")
+    second = run_child(tmp_path, hash_seed="2")
     for run in (first, second):
         assert run["grads_ok"] and run["objects_ok"] and run["bypass_logged"], run
         assert run["autograd_cache_hit"] == 0, run

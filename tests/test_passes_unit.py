@@ -400,10 +400,11 @@ def test_a_pass_run_before_what_it_requires_fails_naming_both() -> None:
     passes = [backward_phase, inherit_streams, grad_accumulation, backward_syncs]
     run_passes(gm, [p.PASS for p in passes], compile_)
     # an empty graph: each pass ran and ensured its fact, and none changed anything
-    assert gm.meta[FACTS] == {
+    # kept in the order ensured: the graph's meta is part of Inductor's cache key
+    assert list(gm.meta[FACTS]) == [
         Fact.PHASES_TAGGED,
         Fact.BACKWARD_STREAMS_INHERITED,
         Fact.ACCUMULATIONS_PLACED,
         Fact.BACKWARD_READS_SYNCED,
-    }
+    ]
     assert compile_.table.pass_notes == []

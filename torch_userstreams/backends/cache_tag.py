@@ -64,6 +64,22 @@ def package_code_digest() -> str:
     return found.hexdigest()[:16]
 
 
+# Inductor's name for the higher-order op that pins each sync of a graph compiled as one call.
+CONTROL_DEPS = "torch.ops.higher_order.control_deps"
+
+
+def control_deps_cached() -> dict[str, Any]:
+    """Inductor config under which its FX graph cache keeps a graph holding ``control_deps``
+    (torch 2.12-2.15 bypass every such graph). The op's subgraphs are the graph's attributes,
+    whose code is in the key, and a sync in them names only table indices, which the same
+    trace numbers the same; the entry is keyed by the package's code as well."""
+    import torch._inductor.config as inductor_config
+
+    marked = dict(getattr(inductor_config, "unsafe_marked_cacheable_functions", {}))
+    marked[CONTROL_DEPS] = f"{TAG} {package_code_digest()}"
+    return {"unsafe_marked_cacheable_functions": marked}
+
+
 def tagged(compiler: Callable[..., Any]) -> Callable[..., Any]:
     """``compiler`` run under ``own_cache_entries``: an inner compiler that AOTAutograd
     calls for the backward at its first run, after the forward's compile returned."""

@@ -49,7 +49,7 @@ from ..passes import sync_inference_graph_in_backend
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from . import reuse_syncs
-from .cache_tag import keyed_by_streams, tagged
+from .cache_tag import control_deps_cached, keyed_by_streams, tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import without_redundant_waits
@@ -172,7 +172,8 @@ class StreamRegionsCompiler:
         factories_on_their_readers_stream(gm)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
-        reuse = {} if self.cpu else NO_BUFFER_REUSE
+        # A CPU graph has no sync left, nor a ``control_deps`` to pin one.
+        reuse = {} if self.cpu else {**NO_BUFFER_REUSE, **control_deps_cached()}
         with keyed_by_streams(gm), inductor_config.patch({**reuse, **resync}):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 

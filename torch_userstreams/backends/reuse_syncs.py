@@ -276,10 +276,10 @@ def resync_after_post_grad(gm: torch.fx.GraphModule, table: UserObjectTable, use
     own dealloc sync names an event for each such read, so no new event is needed: the pass
     asks for none (a hit in Inductor's FX graph cache skips it, and must load the same
     objects), and refuses by name a read that would need one. Its ``uuid`` keys the cache
-    by the modules it reads the graph with and ``user_pass``'s own ``uuid`` (2.12-2.14
-    cache no graph holding a ``control_deps``; 2.15 may). Inductor runs it on each subgraph
-    too; only ``gm``'s graph, marked, holds streams (a copy Inductor might make keeps the
-    mark). ``check()`` and ``explain()`` see the graph before this pass.
+    by the modules it reads the graph with and ``user_pass``'s own ``uuid`` (the backend
+    marks ``control_deps`` cacheable: ``cache_tag.control_deps_cached``). Inductor runs it
+    on each subgraph too; only ``gm``'s graph, marked, holds streams (a copy Inductor might
+    make keeps the mark). ``check()`` and ``explain()`` see the graph before this pass.
     """
     from torch._inductor.custom_graph_pass import (
         CustomInferenceAwareGraphPass,
