@@ -350,6 +350,20 @@ def side_then_joined(
     return (y * w).sum()
 
 
+def _leaves_and_eager_grads(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two leaves, and their gradients from ``side_then_joined`` run eagerly on simulated
+    objects (native CPU events cannot record); the leaves' own gradients are left unset."""
+    from torch_userstreams.simulator import SimEvent, SimStream
+
+    gen = torch.Generator().manual_seed(seed)
+    leaves = [torch.randn(8, generator=gen, requires_grad=True) for _ in range(2)]
+    side_then_joined(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
+    expected = [leaf.grad for leaf in leaves]
+    for leaf in leaves:
+        leaf.grad = None
+    return leaves, expected  # type: ignore[return-value]
+
+
 class _Entered:
     """An observer that keeps the streams simulated code enters, in order."""
 
@@ -374,12 +388,7 @@ def test_a_cpu_graph_is_one_call_on_its_streams_without_syncs(one_call: bool) ->
     from torch_userstreams.simulator import SimEvent, SimStream
 
     options = None if one_call else {ONE_CALL_OPTION: False}
-    gen = torch.Generator().manual_seed(3)
-    leaves = [torch.randn(8, generator=gen, requires_grad=True) for _ in range(2)]
-    side_then_joined(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
-    expected = [leaf.grad for leaf in leaves]
-    for leaf in leaves:
-        leaf.grad = None
+    leaves, expected = _leaves_and_eager_grads(seed=3)
     compiled = torch.compile(side_then_joined, backend="userstreams", options=options)
     s, done = SimStream(device="cpu"), SimEvent(device="cpu")
     with torch_userstreams.installed(), no_compile_caches(), watching(_Entered()) as entered:
@@ -412,12 +421,7 @@ def test_a_cpu_graph_compiles_under_the_options_of_the_path_it_left(
     it still does; CUDA graphs capture nothing on CPU, so nothing is skipped or refused."""
     from torch_userstreams.simulator import SimEvent, SimStream
 
-    gen = torch.Generator().manual_seed(5)
-    leaves = [torch.randn(8, generator=gen, requires_grad=True) for _ in range(2)]
-    side_then_joined(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
-    expected = [leaf.grad for leaf in leaves]
-    for leaf in leaves:
-        leaf.grad = None
+    leaves, expected = _leaves_and_eager_grads(seed=5)
     compiled = torch.compile(side_then_joined, backend="userstreams", options=options)
     with torch_userstreams.installed(), no_compile_caches():
         compiled(*leaves, SimStream(device="cpu"), SimEvent(device="cpu")).backward()
