@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torch_userstreams.backends.redundant_syncs import without_redundant_waits
 from torch_userstreams.backends.regions import Region, Step
@@ -26,6 +28,14 @@ def record(event: int, stream: int) -> SyncCall:
 
 def wait(event: int, stream: int) -> SyncCall:
     return SyncCall(None, streams.wait_event.default, (event, stream))  # type: ignore[arg-type]
+
+
+def dealloc(event: int, stream: int) -> SyncCall:
+    return SyncCall(None, streams.sync_dealloc.default, (event, stream, None))  # type: ignore[arg-type]
+
+
+def synchronize_stream(stream: int) -> SyncCall:
+    return SyncCall(None, streams.synchronize_stream.default, (stream,))  # type: ignore[arg-type]
 
 
 def wait_stream(stream: int, other: int) -> SyncCall:
@@ -60,14 +70,8 @@ def test_one_wait_joins_a_stream_back_for_all_its_events() -> None:
 
 
 def test_a_wait_for_an_earlier_point_than_the_stream_reached_is_kept() -> None:
-    assert pruned(work(2), record(10, 2), wait(10, 0), work(2), record(11, 2), wait(11, 0)) == [
-        "work@2",
-        "record_event(10, 2)",
-        "wait_event(10, 0)",
-        "work@2",
-        "record_event(11, 2)",
-        "wait_event(11, 0)",
-    ]
+    steps = [work(2), record(10, 2), wait(10, 0), work(0), work(2), record(11, 2), wait(11, 0)]
+    assert pruned(*steps) == [_describe(step) for step in steps]
 
 
 def test_orderings_compose_through_other_streams() -> None:
@@ -140,7 +144,7 @@ def test_a_graph_whose_current_stream_is_not_known_keeps_every_wait() -> None:
     """Two devices' current streams (helper-2's review): unannotated work is on one of them,
     which ``split`` cannot say, so a record on index 0 may not cover it; the backend then
     leaves every sync in place."""
-    from torch_userstreams.backends.inductor_regions import the_current_stream
+    from torch_userstreams.backends.redundant_syncs import the_current_stream
     from torch_userstreams.compile.table import EntryKind, UserObjectTable
 
     table = UserObjectTable("g")
@@ -154,3 +158,148 @@ def test_a_graph_whose_current_stream_is_not_known_keeps_every_wait() -> None:
         )
         table.entries[index].device = torch.device(device)
     assert the_current_stream(table) == frozenset()
+
+
+def test_a_wait_a_later_wait_of_the_same_stream_covers_is_left_out() -> None:
+    """A backward's exit waits for two events recorded on stream 3, the second after more
+    work there: the second wait alone orders the current stream after both records, and
+    the first record, read by nothing then, goes with its wait."""
+    assert pruned(
+        work(3), record(11, 3), work(3), record(12, 3), wait(11, 0), wait(12, 0), work(0)
+    ) == ["work@3", "work@3", "record_event(12, 3)", "wait_event(12, 0)", "work@0"]
+
+
+def test_a_wait_covered_later_stays_when_its_stream_is_read_between() -> None:
+    """Work on the waiting stream, a record on it, or a wait_stream for it between the two
+    waits reads the order the first wait gave: it stays."""
+    first = [work(3), record(11, 3), work(3), record(12, 3), wait(11, 0)]
+    for between in ([work(0)], [record(13, 0), wait(13, 2)], [wait_stream(2, 0)]):
+        kept = pruned(*first, *between, wait(12, 0))
+        assert "wait_event(11, 0)" in kept, between
+
+
+def test_a_wait_is_covered_by_a_later_dealloc_sync_which_stays() -> None:
+    """A deallocation sync orders its stream as a wait does; it also holds its buffer's
+    memory, so it stays even when an earlier wait covers it."""
+    assert pruned(work(3), record(11, 3), work(3), record(12, 3), wait(11, 0), dealloc(12, 0)) == [
+        "work@3",
+        "work@3",
+        "record_event(12, 3)",
+        "sync_dealloc(12, 0, None)",
+    ]
+    assert pruned(work(3), record(11, 3), work(3), record(12, 3), wait(12, 0), dealloc(11, 0))[
+        -2:
+    ] == ["wait_event(12, 0)", "sync_dealloc(11, 0, None)"]
+
+
+def test_a_later_wait_for_another_stream_covers_nothing() -> None:
+    steps = [work(2), record(10, 2), work(3), record(11, 3), wait(10, 0), wait(11, 0)]
+    assert pruned(*steps) == [_describe(step) for step in steps]
+
+
+def test_a_record_after_a_wait_for_a_users_event_covers_what_that_event_did() -> None:
+    """Stream 2 waits for the user's event 7, recorded after the current stream's work; a
+    record on 2 then covers that work. Stream 3 was after everything else stream 2 had
+    done (found by the property below): its wait stays."""
+    steps = [wait_stream(3, 2), work(0), record(7, 0), wait(7, 2), record(10, 2), wait(10, 3)]
+    assert pruned(*steps) == [_describe(step) for step in steps]
+
+
+def test_the_host_waiting_for_the_stream_reads_the_order_a_wait_gave_it() -> None:
+    """Host code after ``synchronize()`` of the current stream may read what stream 3 made
+    before event 11's record: the wait for it stays, though a later wait covers it."""
+    steps = [work(3), record(11, 3), work(3), record(12, 3)]
+    steps += [wait(11, 0), synchronize_stream(0), wait(12, 0)]
+    assert pruned(*steps) == [_describe(step) for step in steps]
+
+
+# Programs of the steps above over streams 0, 2 and 3: events 10-12 the package's (waited
+# only after a record in the program, as the passes place them), 7 a user's (anywhere). Two
+# waits of one stream with one step between them come often, as at a backward's exit.
+_STREAMS = st.sampled_from([0, 2, 3])
+_EVENTS = st.sampled_from([7, 10, 11, 12])
+_ONE = st.one_of(
+    st.builds(work, _STREAMS),
+    st.builds(record, _EVENTS, _STREAMS),
+    st.builds(wait, _EVENTS, _STREAMS),
+    st.builds(dealloc, st.sampled_from([10, 11, 12]), _STREAMS),
+    st.builds(wait_stream, _STREAMS, _STREAMS),
+    st.builds(synchronize_stream, _STREAMS),
+)
+
+
+@st.composite
+def _two_waits(draw: st.DrawFn) -> list[Step]:
+    """Two records on one stream, then waits for both on another, one step between them:
+    the second wait covers the first unless that step reads the waiting stream's order."""
+    recorded_on, waiting = draw(_STREAMS), draw(_STREAMS)
+    first, second = draw(st.permutations([7, 10, 11, 12]))[:2]
+    more = draw(st.lists(st.just(work(recorded_on)), max_size=1))
+    between = draw(st.lists(_ONE, max_size=1))
+    then = draw(st.sampled_from([wait, dealloc])) if second >= 10 else wait
+    return [
+        record(first, recorded_on),
+        *more,
+        record(second, recorded_on),
+        wait(first, waiting),
+        *between,
+        then(second, waiting),
+    ]
+
+
+_PROGRAMS = st.lists(st.one_of(_ONE.map(lambda step: [step]), _two_waits()), max_size=16).map(
+    lambda chunks: [step for chunk in chunks for step in chunk]
+)
+
+
+def _as_placed(steps: list[Step]) -> list[Step]:
+    """Each package wait after a record of its event (the passes never wait first)."""
+    recorded: set[int] = set()
+    placed = []
+    for step in steps:
+        if isinstance(step, SyncCall):
+            name, event = step.op.__name__.split(".")[0], step.args[0]
+            if name == "record_event":
+                recorded.add(event)
+            elif name in ("wait_event", "sync_dealloc") and event >= 10 and event not in recorded:
+                continue
+        placed.append(step)
+    return placed
+
+
+def _orders(steps: list[Step]) -> tuple[dict[int, frozenset[int]], dict[Any, frozenset[int]]]:
+    """GPU semantics of ``steps``: for each work step (by identity), the work it runs
+    after; at the end, each stream's order and each user event's last record (what the
+    caller's later work and syncs see)."""
+    after: dict[int, frozenset[int]] = {}
+    order: dict[int, set[int]] = {0: set(), 2: set(), 3: set()}
+    events: dict[int, frozenset[int]] = {}
+    for step in steps:
+        if isinstance(step, Region):
+            stream = 0 if step.stream is None else step.stream
+            after[id(step)] = frozenset(order[stream])
+            order[stream].add(id(step))
+            continue
+        name, args = step.op.__name__.split(".")[0], step.args
+        if name == "record_event":
+            events[args[0]] = frozenset(order[args[1]])
+        elif name == "wait_stream":
+            order[args[0]] |= order[args[1]]
+        elif name == "synchronize_stream":  # the host waits: all later work comes after
+            for each in order.values():
+                each |= order[args[0]]
+        else:
+            order[args[1]] |= events.get(args[0], frozenset())
+    final = {("stream", s): frozenset(o) for s, o in order.items()}
+    final.update({("user event", e): m for e, m in events.items() if e < 10})
+    return after, final
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_PROGRAMS)
+def test_what_is_left_out_changes_no_order(drawn: list[Step]) -> None:
+    """Every work step runs after the same work as before, and the graph ends with each
+    stream and each user event ordered as before."""
+    steps = _as_placed(drawn)
+    kept = without_redundant_waits(steps, lambda event: event >= 10, CURRENT)
+    assert _orders(kept) == _orders(steps)

@@ -39,7 +39,7 @@ from ..compile.contract import Fact, ensure, require, run_passes
 from ..compile.graph_compile import GraphCompile
 from ..compile.load_plan import report_reads
 from ..compile.prologue import referenced_indices
-from ..compile.table import EntryKind, UserObjectTable, all_on_cpu
+from ..compile.table import UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import mark_graph_phase
@@ -52,7 +52,12 @@ from . import reuse_syncs
 from .cache_tag import control_deps_cached, keyed_by_streams, tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
-from .redundant_syncs import without_redundant_waits
+from .redundant_syncs import (
+    judged,
+    made_by_the_package,
+    the_current_stream,
+    without_redundant_waits,
+)
 from .regions import (
     FACTORIES_PASS,
     Region,
@@ -256,19 +261,6 @@ class StreamRegionsCompiler:
         )
 
 
-def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
-    """Whether a table index names an event the package's passes made for this graph: no
-    user code records, waits, times or queries it, so ``split`` may hold its records back.
-    An event a backend asked for through the public API may be read by the backend's own
-    code (``Reader.CODE``): not one of them."""
-    requested = (
-        set()
-        if table is None
-        else {entry.index for entry in table.entries if entry.made_for_the_package}
-    )
-    return lambda index: index in requested
-
-
 def split_and_issued(
     gm: torch.fx.GraphModule, table: UserObjectTable | None
 ) -> tuple[list[Region | SyncCall], list[Region | SyncCall]]:
@@ -277,29 +269,7 @@ def split_and_issued(
     redundant. The demo's timeline reads it too, so it draws what runs."""
     holdable, current = made_by_the_package(table), the_current_stream(table)
     steps = split(gm, holdable, current)
-    # Unannotated work and the current-stream entries must be known to be one stream, or a
-    # record on an entry would not cover the work before it (two devices' entries).
-    judged = bool(current) or not _has_current_stream(table)
-    return steps, without_redundant_waits(steps, holdable, current) if judged else steps
-
-
-def _has_current_stream(table: UserObjectTable | None) -> bool:
-    return table is not None and any(
-        entry.kind is EntryKind.CURRENT_STREAM for entry in table.entries
-    )
-
-
-def the_current_stream(table: UserObjectTable | None) -> frozenset[int]:
-    """The table indices that name the stream unannotated nodes run on: the current-stream
-    entries, when they are all of one device (the passes and the checker read a node with
-    no stream as running on its device's current stream). With two devices' current streams
-    an unannotated node's is not known here: none."""
-    if table is None:
-        return frozenset()
-    entries = [entry for entry in table.entries if entry.kind is EntryKind.CURRENT_STREAM]
-    if len({entry.device for entry in entries}) != 1:
-        return frozenset()
-    return frozenset(entry.index for entry in entries)
+    return steps, without_redundant_waits(steps, holdable, current) if judged(table) else steps
 
 
 def _refuse_syncs_in_subgraphs(

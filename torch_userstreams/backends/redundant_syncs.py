@@ -9,22 +9,33 @@ Python), so ``without_redundant_waits`` drops, from the steps ``regions.split`` 
 * a ``wait_event`` of a package-made event whose record the waiting stream already comes
   after: through its own order, or through the waits it issued before (vector clocks over
   the program's streams, in issue order);
+* a ``wait_event`` of a package-made event that a later wait of the same stream covers,
+  with nothing between them that reads the waiting stream's order (work on it, a record
+  on it, a ``wait_stream`` for it): a backward's exit waits for two events recorded on one
+  side stream, the second after more work there, and only the second wait is needed;
 * then the record of a package-made event nothing reads any more.
 
 Only package-made events (``holdable``) are judged: each is an object no other index names,
 recorded and waited only where the passes put it. A user's event may be timed, queried or
-passed twice; its syncs stay. Unknown orderings (an event recorded before the graph, a host
-synchronize) only make the judgement keep more.
+passed twice; its syncs stay. A wait for what this cannot see (a user's event, one recorded
+before the graph) orders its stream after a point of its own, which a record there passes
+on: a stream that did not wait for that point through the same syncs is not after that
+record. A wait this cannot read (a stream or event that is no table index) stops the
+judgement: every sync stays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
-from ..fx.control_deps import SyncCall
+import torch.fx
+
+from ..compile.table import EntryKind, UserObjectTable
+from ..fx.control_deps import SyncCall, alias_of, erase_sync, sync_of
 from ..fx.ops import op_name, operands
-from .regions import Region, Step
+from .regions import Region, Step, runs_on
 
 Clock = dict[Hashable, int]
 
@@ -38,6 +49,15 @@ def _join(into: Clock, other: Clock) -> None:
     for stream, point in other.items():
         if into.get(stream, 0) < point:
             into[stream] = point
+
+
+@dataclass(frozen=True)
+class _Unknown:
+    """A point no step here can name: what a user's event, an event recorded before the
+    graph or an unreadable sync orders its stream after. A stream is after it only if it
+    waited for it, through the same chain of syncs."""
+
+    position: int
 
 
 class _Streams:
@@ -69,34 +89,137 @@ def without_redundant_waits(
     (see the module docstring); ``current`` are the indices of the current stream, the one
     unannotated regions (stream None) run on."""
     streams = _Streams(current)
+    walked = _walk(steps, holdable, streams)
+    if walked is None:
+        return list(steps)
+    dropped, waits = walked
+    dropped |= _covered_by_a_later_wait(steps, dropped, waits, streams)
+    kept = [step for position, step in enumerate(steps) if position not in dropped]
+    read = {_event(step) for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
+    return [step for step in kept if not _unread_record(step, read, holdable)]
+
+
+def _walk(
+    steps: list[Step], holdable: Callable[[Any], bool], streams: _Streams
+) -> tuple[set[int], dict[int, _Wait]] | None:
+    """The waits already covered where they are issued, and each wait kept whose event's
+    record is known, in issue order; None when a stream this cannot name waits."""
     recorded: dict[Any, Clock] = {}  # event -> the point its last record marks
     dropped: set[int] = set()
+    waits: dict[int, _Wait] = {}
     for position, step in enumerate(steps):
         if isinstance(step, Region):
             streams.work(streams.key(step.stream))
             continue
         name = op_name(step.op)
         sync = operands(name, step.args)
-        if name == "record_event" and holdable(sync.event):
-            if _indices(sync.event, sync.stream):
-                recorded[sync.event] = streams.point(streams.key(sync.stream))
-            else:  # recorded where this cannot say: its waits are judged by nothing here
-                recorded.pop(sync.event, None)
-        elif name in ("wait_event", "sync_dealloc") and _indices(sync.event, sync.stream):
-            waiter = streams.clock(streams.key(sync.stream))
-            mark = recorded.get(sync.event)
-            if mark is None:  # a user's event (its index may alias another), or recorded
-                continue  # before this graph: what it orders is not known here
-            if name == "wait_event" and _after(mark, waiter):
+        if name == "record_event":
+            _note_record(sync, recorded, holdable, streams)
+        elif _waits_unnamed(name, sync):
+            return None
+        elif name in ("wait_event", "sync_dealloc"):
+            wait = _judge_wait(name, sync, recorded.get(sync.event), streams, position)
+            if wait is None:
                 dropped.add(position)
-            else:
-                _join(waiter, mark)
-        elif name == "wait_stream" and _indices(sync.stream, sync.waited):
+            elif wait.mark:
+                waits[position] = wait
+        elif name == "wait_stream":
             _join(streams.clock(streams.key(sync.stream)), streams.point(streams.key(sync.waited)))
-        # A host sync or a record_stream orders nothing this judgement relies on.
-    kept = [step for position, step in enumerate(steps) if position not in dropped]
-    read = {_event(step) for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
-    return [step for step in kept if not _unread_record(step, read, holdable)]
+        # A host sync orders all later work after it alike, the waits judged and the records
+        # they wait for: nothing this judgement relies on. A record_stream orders nothing.
+    return dropped, waits
+
+
+def _note_record(
+    sync: Any, recorded: dict[Any, Clock], holdable: Callable[[Any], bool], streams: _Streams
+) -> None:
+    """The point a package-made event's record marks; a record this cannot place leaves
+    its event's waits judged by nothing here."""
+    if not _indices(sync.event, sync.stream):
+        recorded.pop(sync.event, None)
+    elif holdable(sync.event):
+        recorded[sync.event] = streams.point(streams.key(sync.stream))
+
+
+def _waits_unnamed(name: str, sync: Any) -> bool:
+    """Whether ``sync`` orders a stream, or after an event or stream, that is no index."""
+    if name == "wait_stream":
+        return not _indices(sync.stream, sync.waited)
+    return name in ("wait_event", "sync_dealloc") and not _indices(sync.event, sync.stream)
+
+
+def _judge_wait(
+    name: str, sync: Any, mark: Clock | None, streams: _Streams, position: int
+) -> _Wait | None:
+    """The wait ``sync`` as issued (None: left out, its stream already after ``mark``, the
+    point its event's record marks); its stream's order joins what it waits for. An empty
+    mark: the record is not known here (a user's event, whose index may alias another, or
+    one recorded before this graph), and the stream is after a point of its own."""
+    stream = streams.key(sync.stream)
+    waiter = streams.clock(stream)
+    if mark is None:
+        _join(waiter, {_Unknown(position): 1})
+        return _Wait(stream, {}, optional=False)
+    if name == "wait_event" and _after(mark, waiter):
+        return None
+    _join(waiter, mark)
+    return _Wait(stream, mark, optional=name == "wait_event")
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """A wait kept by the walk in issue order: the stream it orders, the point it orders
+    that stream after, and whether it may be left out (a ``sync_dealloc`` also holds its
+    buffer's memory, and stays)."""
+
+    stream: Hashable
+    mark: Clock
+    optional: bool
+
+
+def _covered_by_a_later_wait(
+    steps: list[Step], dropped: set[int], waits: dict[int, _Wait], streams: _Streams
+) -> set[int]:
+    """The optional waits whose point a later wait of the same stream covers, with nothing
+    between them that reads that stream's order: a wait only adds to its stream's order, so
+    the later one alone orders everything that follows as both did."""
+    pending: dict[Hashable, list[int]] = {}  # stream -> optional waits no read has seen
+    covered: set[int] = set()
+    for position, step in enumerate(steps):
+        if position in dropped:
+            continue
+        wait = waits.get(position)
+        if wait is not None:
+            later = pending.setdefault(wait.stream, [])
+            covered.update(p for p in later if _after(waits[p].mark, wait.mark))
+            later[:] = [p for p in later if p not in covered]
+            if wait.optional:
+                later.append(position)
+            continue
+        read = _read_by(step, streams)
+        if read is None:
+            pending.clear()
+        for stream in read or ():
+            pending.pop(stream, None)
+    return covered
+
+
+def _read_by(step: Step, streams: _Streams) -> list[Hashable] | None:
+    """The streams whose order ``step`` reads (None: every stream, or it cannot say): work on a
+    stream, a record on it and the host waiting for it read its order, a ``wait_stream``
+    reads the order of the stream it waits for. A wait (of an event, or of a stream) only
+    adds to its stream's, and the host waiting for an event reads the event."""
+    if isinstance(step, Region):
+        return [streams.key(step.stream)]
+    name = op_name(step.op)
+    sync = operands(name, step.args)
+    if name in ("wait_event", "sync_dealloc", "synchronize_event") and _indices(sync.event):
+        return []
+    if name in ("record_event", "record_stream", "synchronize_stream") and _indices(sync.stream):
+        return [streams.key(sync.stream)]
+    if name == "wait_stream" and _indices(sync.waited):
+        return [streams.key(sync.waited)]
+    return None  # a device sync, or indices it cannot read
 
 
 def _indices(*args: Any) -> bool:
@@ -120,3 +243,67 @@ def _unread_record(step: Step, read: set[Any], holdable: Callable[[Any], bool]) 
         return False
     event = _event(step)
     return holdable(event) and event not in read
+
+
+def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
+    """Whether a table index names an event the package's passes made for this graph: no
+    user code records, waits, times or queries it, so ``split`` may hold its records back.
+    An event a backend asked for through the public API may be read by the backend's own
+    code (``Reader.CODE``): not one of them."""
+    requested = (
+        set()
+        if table is None
+        else {entry.index for entry in table.entries if entry.made_for_the_package}
+    )
+    return lambda index: index in requested
+
+
+def the_current_stream(table: UserObjectTable | None) -> frozenset[int]:
+    """The table indices that name the stream unannotated nodes run on: the current-stream
+    entries, when they are all of one device (the passes and the checker read a node with
+    no stream as running on its device's current stream). With two devices' current streams
+    an unannotated node's is not known here: none."""
+    if table is None:
+        return frozenset()
+    entries = [entry for entry in table.entries if entry.kind is EntryKind.CURRENT_STREAM]
+    if len({entry.device for entry in entries}) != 1:
+        return frozenset()
+    return frozenset(entry.index for entry in entries)
+
+
+def judged(table: UserObjectTable | None) -> bool:
+    """Whether a graph of ``table`` may leave waits out: its unannotated work and its
+    current-stream entries must be known to be one stream, or a record on an entry would
+    not cover the work before it (two devices' entries)."""
+    has_current = table is not None and any(
+        entry.kind is EntryKind.CURRENT_STREAM for entry in table.entries
+    )
+    return bool(the_current_stream(table)) or not has_current
+
+
+def in_graph_order(gm: torch.fx.GraphModule) -> list[Step]:
+    """``gm``'s operations in the order a graph compiled as one call issues them: each node
+    a region of its own on the stream it runs on, each sync as issued (a passthrough is
+    neither). Inductor keeps every sync where the graph has it, work on either side
+    (``patch.inductor_order``); a node that launches nothing only counts as more work."""
+    steps: list[Step] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or alias_of(node) is not node:
+            continue
+        sync = sync_of(gm, node)
+        steps.append(sync if sync is not None else Region(runs_on(node), [node]))
+    return steps
+
+
+def drop_redundant_syncs(gm: torch.fx.GraphModule, table: UserObjectTable | None) -> int:
+    """Erase from ``gm``, a graph Inductor lowers as one call, the syncs
+    ``without_redundant_waits`` leaves out of its order; how many."""
+    if not judged(table):
+        return 0
+    steps = in_graph_order(gm)
+    kept = without_redundant_waits(steps, made_by_the_package(table), the_current_stream(table))
+    left_out = {id(step) for step in steps} - {id(step) for step in kept}
+    for step in steps:
+        if id(step) in left_out:
+            erase_sync(gm, step.node)  # type: ignore[union-attr]
+    return len(left_out)
