@@ -53,7 +53,9 @@ from .cache_tag import control_deps_cached, keyed_by_streams, tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import (
+    JUDGEMENT,
     judged,
+    judgement,
     made_by_the_package,
     the_current_stream,
     without_redundant_waits,
@@ -175,6 +177,8 @@ class StreamRegionsCompiler:
         _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
+        if not self.cpu:
+            gm.meta[JUDGEMENT] = judgement(self.table)  # for its code (``patch.sync_lines``)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
         # A CPU graph has no sync left, nor a ``control_deps`` to pin one.

@@ -30,12 +30,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-import torch.fx
-
 from ..compile.table import EntryKind, UserObjectTable
-from ..fx.control_deps import SyncCall, alias_of, erase_sync, sync_of
+from ..fx.control_deps import SyncCall
 from ..fx.ops import op_name, operands
-from .regions import Region, Step, runs_on
+from .regions import Region, Step
 
 Clock = dict[Hashable, int]
 
@@ -281,29 +279,29 @@ def judged(table: UserObjectTable | None) -> bool:
     return bool(the_current_stream(table)) or not has_current
 
 
-def in_graph_order(gm: torch.fx.GraphModule) -> list[Step]:
-    """``gm``'s operations in the order a graph compiled as one call issues them: each node
-    a region of its own on the stream it runs on, each sync as issued (a passthrough is
-    neither). Inductor keeps every sync where the graph has it, work on either side
-    (``patch.inductor_order``); a node that launches nothing only counts as more work."""
-    steps: list[Step] = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or alias_of(node) is not node:
-            continue
-        sync = sync_of(gm, node)
-        steps.append(sync if sync is not None else Region(runs_on(node), [node]))
-    return steps
+# Where a graph Inductor compiles as one call carries what its code generation needs to
+# judge its syncs (``Judgement``): set by the backend before the compile.
+JUDGEMENT = "torch_userstreams.sync_judgement"
 
 
-def drop_redundant_syncs(gm: torch.fx.GraphModule, table: UserObjectTable | None) -> int:
-    """Erase from ``gm``, a graph Inductor lowers as one call, the syncs
-    ``without_redundant_waits`` leaves out of its order; how many."""
-    if not judged(table):
-        return 0
-    steps = in_graph_order(gm)
-    kept = without_redundant_waits(steps, made_by_the_package(table), the_current_stream(table))
-    left_out = {id(step) for step in steps} - {id(step) for step in kept}
-    for step in steps:
-        if id(step) in left_out:
-            erase_sync(gm, step.node)  # type: ignore[union-attr]
-    return len(left_out)
+@dataclass(frozen=True)
+class Judgement:
+    """What ``without_redundant_waits`` needs of a graph's table, as plain data (a graph's
+    meta is pickled into Inductor's FX graph cache key): its package-made events and its
+    current-stream indices, each sorted."""
+
+    package_events: tuple[int, ...]
+    current: tuple[int, ...]
+
+    def without_redundant_waits(self, steps: list[Step]) -> list[Step]:
+        made = frozenset(self.package_events)
+        return without_redundant_waits(steps, made.__contains__, frozenset(self.current))
+
+
+def judgement(table: UserObjectTable | None) -> Judgement | None:
+    """The judgement of ``table``'s graphs; None where none may leave a wait out."""
+    if table is None or not judged(table):
+        return None
+    made = made_by_the_package(table)
+    events = tuple(entry.index for entry in table.entries if made(entry.index))
+    return Judgement(events, tuple(sorted(the_current_stream(table))))

@@ -54,8 +54,7 @@ from ..fx.ops import made_by, op_name, operands
 from ..fx.record_and_wait import insert_record_and_wait
 from ..passes import devices
 from ..passes.devices import host_ordered, new_event
-from . import redundant_syncs, regions
-from .redundant_syncs import drop_redundant_syncs
+from . import regions
 from .regions import runs_on
 
 NAME = "reuse_syncs"
@@ -281,10 +280,6 @@ def resync_after_post_grad(gm: torch.fx.GraphModule, table: UserObjectTable, use
     marks ``control_deps`` cacheable: ``cache_tag.control_deps_cached``). Inductor runs it
     on each subgraph too; only ``gm``'s graph, marked, holds streams (a copy Inductor might
     make keeps the mark). ``check()`` and ``explain()`` see the graph before this pass.
-
-    Last, the waits the graph's final order makes redundant are erased, with the records
-    then read by nothing (``redundant_syncs.drop_redundant_syncs``): the regions leave the
-    same out when they issue their steps.
     """
     from torch._inductor.custom_graph_pass import (
         CustomInferenceAwareGraphPass,
@@ -301,8 +296,7 @@ def resync_after_post_grad(gm: torch.fx.GraphModule, table: UserObjectTable, use
             module = graph.owning_module
             if not isinstance(module, torch.fx.GraphModule) or not module.meta.get(_MARK):
                 return
-            resynced = resync_reuse(module, table, pinned=True)
-            if drop_redundant_syncs(module, table) or resynced:
+            if resync_reuse(module, table, pinned=True):
                 module.recompile()
 
         def uuid(self) -> Any:
@@ -319,15 +313,7 @@ _MARK = "torch_userstreams.resynced_after_post_grad"
 # The modules whose code decides what ``resync_reuse`` adds to a graph.
 _READERS = tuple(
     module.__file__ or ""
-    for module in (
-        sys.modules[__name__],
-        control_deps,
-        ops,
-        record_and_wait,
-        regions,
-        devices,
-        redundant_syncs,
-    )
+    for module in (sys.modules[__name__], control_deps, ops, record_and_wait, regions, devices)
 )
 
 

@@ -80,7 +80,7 @@ def _regions(gm: torch.fx.GraphModule, table: UserObjectTable | None) -> list[Is
     for step in steps:
         if isinstance(step, Region):
             issued.extend(Issued(n, step.stream) for n in step.nodes if issues_work(n))
-        else:
+        elif step.node is not None:  # (split reads every sync from the graph)
             issued.append(Issued(step.node, sync=step, issued=id(step) in kept))
     return issued
 

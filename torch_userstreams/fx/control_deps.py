@@ -21,9 +21,10 @@ CONTROL_DEPS = "control_deps"
 
 @dataclass(eq=False)
 class SyncCall:
-    """One sync op as issued: ``node`` is the op itself or the control_deps wrapping it."""
+    """One sync op as issued: ``node`` is the op itself or the control_deps wrapping it
+    (None for a sync read from Inductor's generated code, ``patch.sync_lines``)."""
 
-    node: torch.fx.Node
+    node: torch.fx.Node | None
     op: Any
     args: tuple[Any, ...]  # the outer graph's nodes and constants
 
@@ -78,45 +79,3 @@ def sync_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> SyncCall | None:
     placeholders = [n for n in sync.graph.nodes if n.op == "placeholder"]
     inner: dict[torch.fx.Node, Any] = dict(zip(placeholders, node.args[2:], strict=False))
     return SyncCall(node, sync.target, tuple(torch.fx.map_arg(sync_args(sync), inner.get)))
-
-
-def erase_sync(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
-    """Take the sync ``node`` issues out of ``gm``: a plain sync op is erased; so is a
-    ``control_deps`` wrapper, each of its passthroughs replaced by the value it passes, and
-    where another wrapper orders itself after it, the wrapper's own dependencies take its
-    place (what was ordered before it stays ordered before that one)."""
-    graph = gm.graph
-    if not is_control_deps(node):
-        if sync_node(gm, node) is not node:
-            raise ValueError(f"{node.name} issues no sync")
-        _take_out_of_deps(node, ())
-        graph.erase_node(node)
-        return
-    for user in list(node.users):
-        if user.target is operator.getitem and user.args[0] is node:
-            index = user.args[1]
-            if isinstance(index, int) and index >= 1:
-                user.replace_all_uses_with(node.args[1 + index])  # type: ignore[arg-type]
-            _take_out_of_deps(user, node.args[0])  # type: ignore[arg-type]
-            graph.erase_node(user)
-    _take_out_of_deps(node, node.args[0])  # type: ignore[arg-type]
-    subgraph = node.args[1]
-    graph.erase_node(node)
-    if isinstance(subgraph, torch.fx.Node) and not subgraph.users:
-        graph.erase_node(subgraph)
-        if not any(n.op == "get_attr" and n.target == subgraph.target for n in graph.nodes):
-            delattr(gm, str(subgraph.target))
-
-
-def _take_out_of_deps(dep: torch.fx.Node, instead: tuple[torch.fx.Node, ...]) -> None:
-    """Replace ``dep`` by ``instead`` in the dependencies of every wrapper that names it;
-    ``dep`` must then be read by nothing else."""
-    for user in list(dep.users):
-        if not is_control_deps(user) or dep not in user.args[0]:  # type: ignore[operator]
-            raise ValueError(f"{user.name} reads {dep.name}, which issues a sync being erased")
-        deps: list[torch.fx.Node] = []
-        for each in user.args[0]:  # type: ignore[union-attr]
-            for new in instead if each is dep else (each,):
-                if new not in deps:
-                    deps.append(new)  # type: ignore[arg-type]
-        user.args = (tuple(deps), *user.args[1:])

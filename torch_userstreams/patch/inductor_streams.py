@@ -20,7 +20,9 @@ host). While installed, the code Inductor generates for a graph with streams ins
 * enters each stream block as ``with streamN:`` (``with default_stream:``), on every
   release;
 * issues each sync as the method of its objects (``user_object9.record(user_object0)``,
-  ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices;
+  ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices, and leaves out
+  the waits its own order makes redundant (``sync_lines``: for a graph the package's
+  backend compiles);
 * never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``),
   nor nodes on either side of a sync (``inductor_order.flushed_at_syncs``, on every graph
   with a sync).
@@ -39,9 +41,10 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, is_sync_op, op_name
+from ..backends.redundant_syncs import JUDGEMENT
+from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, op_name
 from ..originals import carries, shadowed
-from . import inductor_order
+from . import inductor_order, sync_lines
 
 # The package's resolver of a call's objects, named for what it does in generated code.
 LOOKUP = "lookup_user_objects"
@@ -76,26 +79,14 @@ def definitions(objects: set[int], stream_objects: dict[int, int]) -> list[str]:
 def sync_as_method(line: Any) -> tuple[str, set[int]] | None:
     """A wrapper line that calls a sync op, as the method call on its objects, with the
     table indices it names; None for any other line, or a sync it cannot write so."""
-    from torch._inductor import ir
-    from torch._inductor.codegen.wrapper import ExternKernelAllocLine
-
-    if not isinstance(line, ExternKernelAllocLine):
+    sync = sync_lines.sync_in(line)
+    pattern = None if sync is None else SYNC_METHODS.get(op_name(sync.op))
+    if sync is None or pattern is None:
         return None
-    node: Any = line.node
-    target = getattr(node, "op_overload", None)
-    if target is None or not is_sync_op(target) or not isinstance(node.layout, ir.NoneLayout):
-        return None
-    name = op_name(target)
-    pattern, roles = SYNC_METHODS.get(name), SYNC_ROLES.get(name, ())
-    args = [str(arg) for arg in node.codegen_args()]
-    if pattern is None or node.codegen_kwargs() or len(args) != len(roles):
-        return None
-    by_role = dict(zip(roles, args, strict=True))
+    by_role = dict(zip(SYNC_ROLES[op_name(sync.op)], sync.args, strict=True))
     objects = {role: arg for role, arg in by_role.items() if role in OBJECT_ROLES}
-    if not all(arg.isdigit() for arg in objects.values()):
-        return None
     names = {**by_role, **{role: OBJECT_NAME.format(arg) for role, arg in objects.items()}}
-    return pattern.format(**names), {int(arg) for arg in objects.values()}
+    return pattern.format(**names), set(objects.values())
 
 
 @functools.cache
@@ -174,10 +165,13 @@ def wrap_codegen(native: Codegen) -> Codegen:
         with _flushed_at_each_stream_switch(self), inductor_order.flushed_at_syncs(self, nodes):
             native(self, nodes)
         objects: set[int] = set()
-        wrapper.lines[start:] = [_rewritten(line, objects) for line in wrapper.lines[start:]]
+        streams = self.stream_idx_to_user_obj_idx
+        judgement = getattr(graph.module, "meta", {}).get(JUDGEMENT)
+        lines = sync_lines.issued(wrapper.lines[start:], judgement, streams)
+        wrapper.lines[start:] = [_rewritten(line, objects) for line in lines]
         for line in _IMPORTS:
             if not wrapper.imports.contains(line):
                 wrapper.imports.writeline(line)
-        wrapper.lines[start:start] = definitions(objects, self.stream_idx_to_user_obj_idx)
+        wrapper.lines[start:start] = definitions(objects, streams)
 
     return _codegen

@@ -1,0 +1,130 @@
+"""``patch.sync_lines``: a graph compiled as one call (torch 2.12+) issues the syncs its own
+code needs: the waits its order makes redundant are left out, and a stream block is
+entered once where nothing but syncs or comments came between two of its blocks. Judged
+on the demo's training step, as on a GPU: the fake accelerator with GPU semantics and the
+run-time race detector."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import pytest
+import torch
+from test_one_call import gpu_like, needs_one_call  # noqa: F401 (a fixture)
+from torch._inductor.utils import run_and_get_code
+
+from benchmarks.accelerator_step import model
+from torch_userstreams.backends import inductor_regions
+from torch_userstreams.demo.model import ForwardAndLoss, make_batches
+from torch_userstreams.testing.races import RaceReport, detect_races
+
+pytestmark = [needs_one_call, pytest.mark.usefixtures("gpu_like")]
+
+SYNC = re.compile(r"\.(record|wait)\(")
+BLOCK = re.compile(r"^(\s*)with (\w+):$", re.MULTILINE)
+
+
+def training_step(
+    monkeypatch: pytest.MonkeyPatch, judged: bool
+) -> tuple[list[str], RaceReport, list[torch.Tensor]]:
+    """The demo's step with its loss (two side-stream blocks), forward and backward: the code
+    of its two calls, what the race detector saw, and the gradients."""
+    if not judged:
+        monkeypatch.setattr(inductor_regions, "judgement", lambda table: None)
+    torch._dynamo.reset()
+    net = model(streams=True)
+    loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
+    x, y = make_batches(1, 64, 64, torch.device("cpu"), 0)[0]
+    with detect_races() as report:
+        _, code = run_and_get_code(lambda: loss_of(x, y).backward())
+    grads = [p.grad for p in net.parameters() if p.grad is not None]
+    monkeypatch.undo()
+    return code, report, grads
+
+
+def _call(module: str) -> str:
+    return module[module.index("def call(") :]
+
+
+def test_the_backward_issues_fewer_syncs_and_blocks_with_the_same_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    every, every_report, every_grads = training_step(monkeypatch, judged=False)
+    code, report, grads = training_step(monkeypatch, judged=True)
+    assert every_report and report, (every_report, report)
+    assert len(code) == 2 == len(every), "one call for the forward, one for the backward"
+    forward, backward = map(_call, code)
+    every_forward, every_backward = map(_call, every)
+    # The forward's syncs are the user's, all issued; the backward's exit waits once per
+    # stream instead of once per gradient.
+    assert len(SYNC.findall(forward)) == len(SYNC.findall(every_forward)) > 0
+    assert 0 < len(SYNC.findall(backward)) < len(SYNC.findall(every_backward))
+    assert len(BLOCK.findall(backward)) < len(BLOCK.findall(every_backward))
+    for ours, theirs in zip(grads, every_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_no_block_follows_one_of_its_own_stream_or_is_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, report, _ = training_step(monkeypatch, judged=True)
+    assert report, report
+    for module in map(_call, code):
+        compile(module, "<call>", "exec")  # an emptied block would not parse
+        blocks = BLOCK.findall(module)
+        outer = min(indent for indent, _ in blocks)
+        names = [name for indent, name in blocks if indent == outer]
+        assert all(a != b for a, b in itertools.pairwise(names)), names
+
+
+def _lines(*spec: Any) -> list[Any]:
+    from torch._inductor.codegen.wrapper import (
+        CommentLine,
+        EnterCudaStreamContextLine,
+        ExitCudaStreamContextLine,
+    )
+    from torch._inductor.utils import LineContext
+
+    made: list[Any] = []
+    for item in spec:
+        if isinstance(item, int):
+            made.append(EnterCudaStreamContextLine(item))
+        elif item == "exit":
+            made.append(ExitCudaStreamContextLine())
+        elif item == "#":
+            made.append(CommentLine(LineContext("# a comment")))
+        else:
+            made.append(item)
+    return made
+
+
+def _shape(lines: list[Any]) -> list[Any]:
+    from torch._inductor.codegen.wrapper import (
+        EnterCudaStreamContextLine,
+        ExitCudaStreamContextLine,
+    )
+
+    return [
+        line.stream_idx
+        if isinstance(line, EnterCudaStreamContextLine)
+        else "exit"
+        if isinstance(line, ExitCudaStreamContextLine)
+        else line
+        for line in lines
+        if isinstance(line, (str, EnterCudaStreamContextLine, ExitCudaStreamContextLine))
+    ]
+
+
+def test_an_emptied_block_goes_and_the_blocks_around_it_become_one() -> None:
+    from torch_userstreams.patch.sync_lines import _joined_blocks
+
+    lines = _lines(1, "k1()", "exit", 0, "#", "exit", 1, "k2()", "exit", 2, "k3()", "exit")
+    assert _shape(_joined_blocks(lines)) == [1, "k1()", "k2()", "exit", 2, "k3()", "exit"]
+    # Work on the current stream between two blocks of stream 1 keeps them apart.
+    lines = _lines(1, "k1()", "exit", 0, "k0()", "exit", 1, "k2()", "exit")
+    assert _shape(_joined_blocks(lines)) == _shape(lines)
+    # So does code outside any block.
+    lines = _lines(1, "k1()", "exit", "x = 1", 1, "k2()", "exit")
+    assert _shape(_joined_blocks(lines)) == _shape(lines)

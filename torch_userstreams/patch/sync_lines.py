@@ -1,0 +1,152 @@
+"""The syncs a graph compiled as one call issues: Inductor's lines for its ``call``, read as
+the program they run, without the waits that program does not need.
+
+The graph's order is not the order its code runs in: Inductor computes a pointwise value
+where a later node reads it, so work the graph has before a record may run after it (only
+the values a record is pinned after are computed before it, ``reuse_syncs``). Which waits
+are redundant (``backends.redundant_syncs``) is therefore judged on the lines Inductor
+wrote, once its scheduler has placed every node: each line inside ``with streamN:`` is
+work on that stream (outside any block, or in ``default_stream``'s, on the stream the call
+began on), each sync line the sync it issues. A line that writes no code (a comment) is no
+work; any other line counts as work, which only keeps more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends.redundant_syncs import Judgement
+from ..backends.regions import Region, Step
+from ..fx.control_deps import SyncCall
+from ..fx.ops import OBJECT_ROLES, SYNC_ROLES, is_sync_op, op_name
+
+
+def sync_in(line: Any) -> SyncCall | None:
+    """The sync a wrapper line issues (its table indices as ints), or None: the line is
+    no sync op's call, or its arguments are not plain table indices."""
+    from torch._inductor import ir
+    from torch._inductor.codegen.wrapper import ExternKernelAllocLine
+
+    if not isinstance(line, ExternKernelAllocLine):
+        return None
+    node: Any = line.node
+    target = getattr(node, "op_overload", None)
+    if target is None or not is_sync_op(target) or not isinstance(node.layout, ir.NoneLayout):
+        return None
+    roles = SYNC_ROLES.get(op_name(target), ())
+    args = [str(arg) for arg in node.codegen_args()]
+    if node.codegen_kwargs() or len(args) != len(roles):
+        return None
+    values: list[Any] = []
+    for role, arg in zip(roles, args, strict=True):
+        if role in OBJECT_ROLES and not arg.isdigit():
+            return None
+        values.append(int(arg) if role in OBJECT_ROLES else arg)
+    return SyncCall(None, target, tuple(values))
+
+
+def issued(lines: list[Any], judgement: Judgement | None, streams: dict[int, int]) -> list[Any]:
+    """``lines`` without the syncs ``judgement`` finds redundant in the program they run;
+    ``streams`` maps Inductor's stream numbers to table indices. Unchanged where there is
+    no judgement, or a block enters a stream it cannot name."""
+    from torch._inductor.codegen.wrapper import (
+        EnterCudaStreamContextLine,
+        ExitCudaStreamContextLine,
+    )
+    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
+
+    if judgement is None:
+        return lines
+    steps: list[Step] = []
+    written: dict[int, Any] = {}  # each sync step's line, by the step's id
+    stream: int | None = None  # the stream the call began on
+    for line in lines:
+        if isinstance(line, EnterCudaStreamContextLine):
+            if line.stream_idx != DEFAULT_STREAM_IDX and line.stream_idx not in streams:
+                return lines
+            stream = None if line.stream_idx == DEFAULT_STREAM_IDX else streams[line.stream_idx]
+        elif isinstance(line, ExitCudaStreamContextLine):
+            stream = None
+        elif not _writes_no_code(line):
+            sync = sync_in(line)
+            steps.append(sync if sync is not None else Region(stream))
+            written[id(steps[-1])] = line
+    kept = {id(step) for step in judgement.without_redundant_waits(steps)}
+    left_out = {id(line) for step, line in written.items() if step not in kept}
+    return _joined_blocks([line for line in lines if id(line) not in left_out])
+
+
+def _joined_blocks(lines: list[Any]) -> list[Any]:
+    """``lines`` without the stream blocks the syncs left out emptied, a block of nothing but
+    syncs on the current stream joined to the block before it, and two blocks of one stream
+    that nothing but comments separates joined into one: each block entered costs the host
+    a stream switch and its return."""
+    from torch._inductor.codegen.wrapper import (
+        EnterCudaStreamContextLine,
+        ExitCudaStreamContextLine,
+    )
+
+    # The lines as segments: a block (its enter line, its lines, its exit line), or lines
+    # outside any block (enter None).
+    segments: list[tuple[Any, list[Any], Any]] = []
+    for line in lines:
+        if isinstance(line, EnterCudaStreamContextLine):
+            segments.append((line, [], None))
+        elif isinstance(line, ExitCudaStreamContextLine) and segments and segments[-1][0]:
+            enter, body, _ = segments[-1]
+            segments[-1] = (enter, body, line)
+        elif segments and (segments[-1][2] is None or _writes_no_code(line)):
+            segments[-1][1].append(line)  # in the open block, or a comment after a block
+        else:
+            segments.append((None, [line], None))
+    joined: list[tuple[Any, list[Any], Any]] = []
+    for enter, body, exit_ in segments:
+        if enter is not None and exit_ is not None and all(map(_writes_no_code, body)):
+            continue  # emptied
+        last = joined[-1] if joined else None
+        if enter is not None and last and last[0] and last[0].stream_idx == enter.stream_idx:
+            joined[-1] = (last[0], last[1] + body, exit_)
+        elif last and last[0] and last[2] and _only_syncs(enter, body):
+            joined[-1] = (last[0], last[1] + body, last[2])
+        else:
+            joined.append((enter, body, exit_))
+    return [
+        line
+        for enter, body, exit_ in joined
+        for line in ([enter] if enter else []) + body + ([exit_] if exit_ else [])
+    ]
+
+
+def _only_syncs(enter: Any, body: list[Any]) -> bool:
+    """Whether a block is ``default_stream``'s and runs nothing but syncs, frees and checks
+    of an input's size: each sync names the streams it acts on, and the others run on the
+    host alone, so they run as well in the block before, which then goes on without a
+    switch to the current stream and back."""
+    from torch._inductor.codegen.wrapper import FreeIfNotReusedLine, FreeLine
+    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
+
+    if enter is None or enter.stream_idx != DEFAULT_STREAM_IDX:
+        return False
+    host_only = (FreeLine, FreeIfNotReusedLine)
+    return all(
+        _writes_no_code(line) or isinstance(line, host_only) or sync_in(line) is not None
+        for line in body
+    )
+
+
+def _writes_no_code(line: Any) -> bool:
+    """Whether ``line`` is no work on a stream: a comment, a marker of where a node's code
+    starts, the definitions of the unbacked sizes of an operation that has none, or the
+    host's check of an input's size and strides."""
+    from torch._inductor.codegen.wrapper import (
+        AssertSizeStrideLine,
+        CommentLine,
+        UnbackedSymbolDefsLine,
+    )
+    from torch._inductor.utils import LineContext
+
+    if isinstance(line, str):
+        return not line.strip() or line.lstrip().startswith("#")
+    if isinstance(line, UnbackedSymbolDefsLine):
+        return not line.unbacked_bindings
+    return isinstance(line, (CommentLine, LineContext, AssertSizeStrideLine))
