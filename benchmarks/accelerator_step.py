@@ -182,6 +182,49 @@ def one_call_rows(rounds: int, block: int) -> list[Row]:
     return rows
 
 
+def python_calls_per_step(step: object, batches: list[Batch]) -> float:
+    """Python function calls (and C functions called from Python) per step, as the profiler
+    counts them: host work that the machine's speed does not blur."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for batch in batches:
+        step(batch)  # type: ignore[operator]
+    profile.disable()
+    return pstats.Stats(profile).total_calls / len(batches)  # type: ignore[attr-defined, no-any-return]
+
+
+def host_calls_rows(steps: int) -> list[Row]:
+    """Python calls per step of ``userstreams`` on the model with streams, against
+    ``inductor`` on the model without, on the fake accelerator: the host work the package's
+    compiled step adds (its lookups, its syncs and stream blocks, which the fake
+    accelerator simulates in Python where a GPU runs them in C++), counted, not timed."""
+    batches = make_batches(steps, BATCH, DIM, torch.device("cpu"), SEED)
+    calls: dict[str, float] = {}
+    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
+        for name, backend, streams in (
+            (USERSTREAMS, "userstreams", True),
+            (INDUCTOR, "inductor", False),
+        ):
+            step = trainer(backend, streams)[1]
+            steps_per_s(step, batches[:3])  # compile and warm up
+            calls[name] = python_calls_per_step(step, batches)
+    case = "python calls per step, fake accelerator: userstreams beside inductor without streams"
+    return [
+        Row(
+            BENCH,
+            case,
+            calls[INDUCTOR],
+            calls[USERSTREAMS],
+            "calls",
+            ratio=calls[USERSTREAMS] / calls[INDUCTOR],
+            details={"steps": steps},
+        )
+    ]
+
+
 def first_step_s(streams: bool) -> float:
     """Seconds for the first training step on the fake accelerator: trace, compile the
     forward and the backward (one call each on torch 2.12+, regions on 2.11), run."""

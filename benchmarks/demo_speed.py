@@ -246,6 +246,7 @@ def run(config: Config) -> list[Row]:
                 rows.extend(mask_rows())
                 rows.extend(call_cost_rows(rounds // 2))
                 rows.extend(accelerator_step.rows(rounds, block=max(10, steps // 3)))
+                rows.extend(accelerator_step.host_calls_rows(20))
                 rows.extend(accelerator_step.compile_rows(config.compile_repeats))
             torch_userstreams.install()
             rows.extend(compile_rows(device, config.compile_repeats))

@@ -186,3 +186,17 @@ def test_the_one_call_rows_measure_native_inductors_streams_beside_the_package()
         assert row.package is not None and row.package > 0
         assert row.ratio is not None and row.ratio > 0
     assert not torch_userstreams.is_installed()
+
+
+def test_the_host_calls_row_counts_more_calls_for_the_package_than_inductor_alone() -> None:
+    """The fake accelerator simulates each sync and stream switch in Python: the package's
+    step makes more calls than Inductor's on the model without streams, and the count is
+    the same every time (the profiler counts, nothing is timed)."""
+    from benchmarks.accelerator_step import host_calls_rows
+
+    [row] = host_calls_rows(2)
+    [again] = host_calls_rows(2)
+    assert row.native is not None and row.package is not None
+    assert row.package > row.native > 0
+    assert (row.native, row.package) == (again.native, again.package)
+    assert not torch_userstreams.is_installed()

@@ -46,6 +46,7 @@ from ..fx.meta import mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..observe import part_of_a_program
 from ..passes import sync_inference_graph_in_backend
+from ..patch.sync_lines import JUDGEMENT
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
 from . import reuse_syncs
@@ -53,7 +54,6 @@ from .cache_tag import control_deps_cached, keyed_by_streams, tagged
 from .check_on_compile import check_graph
 from .donations import keyed_by_donations, true_donations
 from .redundant_syncs import (
-    JUDGEMENT,
     judged,
     judgement,
     made_by_the_package,

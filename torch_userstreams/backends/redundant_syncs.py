@@ -33,7 +33,10 @@ from typing import Any
 from ..compile.table import EntryKind, UserObjectTable
 from ..fx.control_deps import SyncCall
 from ..fx.ops import op_name, operands
-from .regions import Region, Step
+
+# A program's steps in issue order: each a sync, or work on a stream (anything else with a
+# ``stream``: a ``Region``, or a line of Inductor's code, ``patch.sync_lines``).
+Step = Any
 
 Clock = dict[Hashable, int]
 
@@ -106,7 +109,7 @@ def _walk(
     dropped: set[int] = set()
     waits: dict[int, _Wait] = {}
     for position, step in enumerate(steps):
-        if isinstance(step, Region):
+        if not isinstance(step, SyncCall):
             streams.work(streams.key(step.stream))
             continue
         name = op_name(step.op)
@@ -207,7 +210,7 @@ def _read_by(step: Step, streams: _Streams) -> list[Hashable] | None:
     stream, a record on it and the host waiting for it read its order, a ``wait_stream``
     reads the order of the stream it waits for. A wait (of an event, or of a stream) only
     adds to its stream's, and the host waiting for an event reads the event."""
-    if isinstance(step, Region):
+    if not isinstance(step, SyncCall):
         return [streams.key(step.stream)]
     name = op_name(step.op)
     sync = operands(name, step.args)
@@ -277,11 +280,6 @@ def judged(table: UserObjectTable | None) -> bool:
         entry.kind is EntryKind.CURRENT_STREAM for entry in table.entries
     )
     return bool(the_current_stream(table)) or not has_current
-
-
-# Where a graph Inductor compiles as one call carries what its code generation needs to
-# judge its syncs (``Judgement``): set by the backend before the compile.
-JUDGEMENT = "torch_userstreams.sync_judgement"
 
 
 @dataclass(frozen=True)

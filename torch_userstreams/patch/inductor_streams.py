@@ -41,10 +41,10 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..backends.redundant_syncs import JUDGEMENT
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, op_name
 from ..originals import carries, shadowed
 from . import inductor_order, sync_lines
+from .sync_lines import JUDGEMENT
 
 # The package's resolver of a call's objects, named for what it does in generated code.
 LOOKUP = "lookup_user_objects"

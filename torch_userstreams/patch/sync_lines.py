@@ -13,12 +13,28 @@ work; any other line counts as work, which only keeps more.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from ..backends.redundant_syncs import Judgement
-from ..backends.regions import Region, Step
 from ..fx.control_deps import SyncCall
 from ..fx.ops import OBJECT_ROLES, SYNC_ROLES, is_sync_op, op_name
+
+# Where a graph the package's backend compiles as one call carries its ``Judge``
+# (``backends.redundant_syncs.Judgement``, plain data: a graph's meta is pickled into
+# Inductor's FX graph cache key). A graph without one keeps every sync.
+JUDGEMENT = "torch_userstreams.sync_judgement"
+
+
+class Judge(Protocol):
+    def without_redundant_waits(self, steps: list[Any]) -> list[Any]:
+        """``steps`` (syncs, and work on a stream) without the syncs that order nothing."""
+
+
+@dataclass(eq=False)
+class Work:
+    """A line that runs on ``stream`` (a table index; None: the stream the call began on)."""
+
+    stream: int | None
 
 
 def sync_in(line: Any) -> SyncCall | None:
@@ -45,7 +61,7 @@ def sync_in(line: Any) -> SyncCall | None:
     return SyncCall(None, target, tuple(values))
 
 
-def issued(lines: list[Any], judgement: Judgement | None, streams: dict[int, int]) -> list[Any]:
+def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -> list[Any]:
     """``lines`` without the syncs ``judgement`` finds redundant in the program they run;
     ``streams`` maps Inductor's stream numbers to table indices. Unchanged where there is
     no judgement, or a block enters a stream it cannot name."""
@@ -57,7 +73,7 @@ def issued(lines: list[Any], judgement: Judgement | None, streams: dict[int, int
 
     if judgement is None:
         return lines
-    steps: list[Step] = []
+    steps: list[SyncCall | Work] = []
     written: dict[int, Any] = {}  # each sync step's line, by the step's id
     stream: int | None = None  # the stream the call began on
     for line in lines:
@@ -69,7 +85,7 @@ def issued(lines: list[Any], judgement: Judgement | None, streams: dict[int, int
             stream = None
         elif not _writes_no_code(line):
             sync = sync_in(line)
-            steps.append(sync if sync is not None else Region(stream))
+            steps.append(sync if sync is not None else Work(stream))
             written[id(steps[-1])] = line
     kept = {id(step) for step in judgement.without_redundant_waits(steps)}
     left_out = {id(line) for step, line in written.items() if step not in kept}

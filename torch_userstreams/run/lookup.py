@@ -16,6 +16,7 @@ Anything else is an error that says so.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -69,7 +70,16 @@ def lookup_all(indices: tuple[int, ...]) -> tuple[Any, ...]:
         binding = backward_binding()
     if binding is None:  # no call and no backward: what ``lookup`` tries after those
         return tuple(_outside_a_call(index, _RESOLVERS[1:]) for index in indices)
-    return tuple(resolve(binding, index) for index in indices)
+    if len(indices) > 1:  # the common case: one C call takes them all
+        try:
+            objects = (None,)
+            if min(indices) >= 0:  # (item 0 of a binding is its graph)
+                objects = operator.itemgetter(*[index + 1 for index in indices])(binding)
+        except (IndexError, TypeError):  # past the end, or no int: said by ``resolve``
+            pass
+        if None not in objects:
+            return objects  # type: ignore[no-any-return]
+    return tuple(resolve(binding, index) for index in indices)  # or a clear error
 
 
 def _in_backward(index: int) -> Any:
