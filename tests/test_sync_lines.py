@@ -128,3 +128,24 @@ def test_an_emptied_block_goes_and_the_blocks_around_it_become_one() -> None:
     # So does code outside any block.
     lines = _lines(1, "k1()", "exit", "x = 1", 1, "k2()", "exit")
     assert _shape(_joined_blocks(lines)) == _shape(lines)
+
+
+def test_the_last_block_left_open_stays_open() -> None:
+    """Inductor leaves the last block open (a device guard's exit closes it on a GPU): an
+    emptied one keeps a ``pass``, and a block of syncs on the current stream joins the
+    closed block before it, which stays open in its place."""
+    from torch_userstreams.patch.sync_lines import _joined_blocks
+
+    lines = _lines(1, "k1()", "exit", 0, "#")
+    assert _shape(_joined_blocks(lines)) == [1, "k1()"]  # joined: block 1 is now the open one
+    lines = _lines("guard()", 2, "#")
+    assert _shape(_joined_blocks(lines)) == ["guard()", 2, "pass"]
+
+
+def test_an_emptied_block_inside_other_code_keeps_a_pass() -> None:
+    """After a line that is no block (a device guard, a memory pool's ``with``), the
+    emptied block may be all that line holds: it stays, with a ``pass``."""
+    from torch_userstreams.patch.sync_lines import _joined_blocks
+
+    lines = _lines("with pool():", 1, "#", "exit", 2, "k2()", "exit")
+    assert _shape(_joined_blocks(lines)) == ["with pool():", 1, "pass", "exit", 2, "k2()", "exit"]

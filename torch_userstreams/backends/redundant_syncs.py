@@ -4,24 +4,28 @@ The package's passes place a sync for each value or buffer that crosses streams,
 one: a backward's exit joins every gradient's stream back to the current stream with an
 event each, although one wait for the last of them orders the others too (a stream runs its
 work in order). Each sync costs the host a call per step (1-3 us on CUDA, more through
-Python), so ``without_redundant_waits`` drops, from the steps ``regions.split`` made:
+Python), so ``without_redundant_waits`` drops, from a program's steps in issue order (the
+regions ``regions.split`` made, or the lines of a one-call graph's code, ``patch.sync_lines``):
 
-* a ``wait_event`` of a package-made event whose record the waiting stream already comes
-  after: through its own order, or through the waits it issued before (vector clocks over
-  the program's streams, in issue order);
-* a ``wait_event`` of a package-made event that a later wait of the same stream covers,
-  with nothing between them that reads the waiting stream's order (work on it, a record
-  on it, a ``wait_stream`` for it): a backward's exit waits for two events recorded on one
-  side stream, the second after more work there, and only the second wait is needed;
+* a ``wait_event`` of a package-made event whose record the waiting stream is already
+  after: it waited for a record issued no earlier on the same stream index, itself or
+  through the streams it waited for (what each stream is after, as clocks of record
+  positions per stream index, in issue order);
+* a ``wait_event`` of a package-made event that a later wait of the same stream covers
+  so, with nothing but waits between them (work, a record or a ``wait_stream`` might read
+  the order the first one gave): a backward's exit waits for two events recorded on one
+  side stream, the second later, and only the second wait is needed;
 * then the record of a package-made event nothing reads any more.
 
-Only package-made events (``holdable``) are judged: each is an object no other index names,
-recorded and waited only where the passes put it. A user's event may be timed, queried or
-passed twice; its syncs stay. A wait for what this cannot see (a user's event, one recorded
-before the graph) orders its stream after a point of its own, which a record there passes
-on: a stream that did not wait for that point through the same syncs is not after that
-record. A wait this cannot read (a stream or event that is no table index) stops the
-judgement: every sync stays.
+What is judged never depends on which work ran where. Two table indices may name one
+stream (a user passes the current stream as their side stream, or one stream twice), so
+"no work on index 2 between these records" says nothing about the stream's work; but two
+records on one index, in issue order, are two points of one stream, the later covering
+the earlier, whatever else that stream is called. A wait whose record is not known here
+(a user's event, whose index may alias another's; one recorded before the graph) orders
+nothing this judgement relies on: it keeps its waits. A wait this cannot read (a stream or
+event that is no table index) stops the judgement: every sync stays. A host sync only
+makes later work come after more, and is one of the steps a covered wait's window ends at.
 """
 
 from __future__ import annotations
@@ -38,31 +42,45 @@ from ..fx.ops import op_name, operands
 # ``stream``: a ``Region``, or a line of Inductor's code, ``patch.sync_lines``).
 Step = Any
 
+# What a stream is after: for each stream index (the current stream's entries are one key,
+# None), the position of the latest record on it that this stream waited for, or made.
 Clock = dict[Hashable, int]
 
 
-def _after(earlier: Clock, later: Clock) -> bool:
-    """Whether every point of ``earlier`` is covered by ``later``."""
-    return all(later.get(stream, 0) >= point for stream, point in earlier.items())
-
-
 def _join(into: Clock, other: Clock) -> None:
-    for stream, point in other.items():
-        if into.get(stream, 0) < point:
-            into[stream] = point
+    for stream, position in other.items():
+        if into.get(stream, -1) < position:
+            into[stream] = position
 
 
 @dataclass(frozen=True)
-class _Unknown:
-    """A point no step here can name: what a user's event, an event recorded before the
-    graph or an unreadable sync orders its stream after. A stream is after it only if it
-    waited for it, through the same chain of syncs."""
+class _Record:
+    """Where an event was last recorded (its stream's key and the step's position), and
+    what that stream was after then."""
 
+    stream: Hashable
     position: int
+    after: Clock
+
+    def covered_by(self, clock: Clock) -> bool:
+        """Whether a stream after ``clock`` is after this record: after one no earlier on
+        its stream index."""
+        return clock.get(self.stream, -1) >= self.position
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """A wait kept by the walk in issue order: the stream it orders, the record it waits
+    for, and whether it may be left out (a ``sync_dealloc`` also holds its buffer's memory,
+    and stays)."""
+
+    stream: Hashable
+    record: _Record
+    optional: bool
 
 
 class _Streams:
-    """What each stream is ordered after, as the steps are issued."""
+    """What each stream is after, as the steps are issued."""
 
     def __init__(self, current: frozenset[int]) -> None:
         self.current = current
@@ -72,15 +90,7 @@ class _Streams:
         return None if index in self.current else index
 
     def clock(self, stream: Hashable) -> Clock:
-        # Point 1 is the stream's work before the graph (an incoming gradient, the caller's
-        # work): a record there covers it, and no other stream is known to be after it.
-        return self.clocks.setdefault(stream, {stream: 1})
-
-    def work(self, stream: Hashable) -> None:
-        self.clock(stream)[stream] += 1
-
-    def point(self, stream: Hashable) -> Clock:
-        return dict(self.clock(stream))
+        return self.clocks.setdefault(stream, {})
 
 
 def without_redundant_waits(
@@ -89,12 +99,11 @@ def without_redundant_waits(
     """``steps`` without the redundant waits and the unread records of package-made events
     (see the module docstring); ``current`` are the indices of the current stream, the one
     unannotated regions (stream None) run on."""
-    streams = _Streams(current)
-    walked = _walk(steps, holdable, streams)
+    walked = _walk(steps, holdable, _Streams(current))
     if walked is None:
         return list(steps)
     dropped, waits = walked
-    dropped |= _covered_by_a_later_wait(steps, dropped, waits, streams)
+    dropped |= _covered_by_a_later_wait(steps, dropped, waits)
     kept = [step for position, step in enumerate(steps) if position not in dropped]
     read = {_event(step) for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
     return [step for step in kept if not _unread_record(step, read, holdable)]
@@ -105,41 +114,52 @@ def _walk(
 ) -> tuple[set[int], dict[int, _Wait]] | None:
     """The waits already covered where they are issued, and each wait kept whose event's
     record is known, in issue order; None when a stream this cannot name waits."""
-    recorded: dict[Any, Clock] = {}  # event -> the point its last record marks
+    recorded: dict[Any, _Record] = {}  # package-made event -> its last record
     dropped: set[int] = set()
     waits: dict[int, _Wait] = {}
     for position, step in enumerate(steps):
         if not isinstance(step, SyncCall):
-            streams.work(streams.key(step.stream))
             continue
         name = op_name(step.op)
         sync = operands(name, step.args)
-        if name == "record_event":
-            _note_record(sync, recorded, holdable, streams)
-        elif _waits_unnamed(name, sync):
+        if _waits_unnamed(name, sync):
             return None
+        if name == "record_event":
+            _note_record(sync, position, recorded, holdable, streams)
         elif name in ("wait_event", "sync_dealloc"):
-            wait = _judge_wait(name, sync, recorded.get(sync.event), streams, position)
-            if wait is None:
+            record = recorded.get(sync.event)
+            waiter = streams.clock(streams.key(sync.stream))
+            if record is None:  # a user's event, or recorded before the graph: it orders
+                continue  # what this cannot say
+            if name == "wait_event" and record.covered_by(waiter):
                 dropped.add(position)
-            elif wait.mark:
-                waits[position] = wait
-        elif name == "wait_stream":
-            _join(streams.clock(streams.key(sync.stream)), streams.point(streams.key(sync.waited)))
-        # A host sync orders all later work after it alike, the waits judged and the records
-        # they wait for: nothing this judgement relies on. A record_stream orders nothing.
+                continue
+            _join(waiter, record.after)
+            waits[position] = _Wait(streams.key(sync.stream), record, name == "wait_event")
+        elif name == "wait_stream":  # as a wait for a record on the other stream, here
+            waited = streams.key(sync.waited)
+            after = {**streams.clock(waited), waited: position}
+            _join(streams.clock(streams.key(sync.stream)), after)
     return dropped, waits
 
 
 def _note_record(
-    sync: Any, recorded: dict[Any, Clock], holdable: Callable[[Any], bool], streams: _Streams
+    sync: Any,
+    position: int,
+    recorded: dict[Any, _Record],
+    holdable: Callable[[Any], bool],
+    streams: _Streams,
 ) -> None:
-    """The point a package-made event's record marks; a record this cannot place leaves
-    its event's waits judged by nothing here."""
+    """A record: its stream is after it from now on; a package-made event's record is
+    kept. A record this cannot place leaves its event's waits judged by nothing here."""
     if not _indices(sync.event, sync.stream):
         recorded.pop(sync.event, None)
-    elif holdable(sync.event):
-        recorded[sync.event] = streams.point(streams.key(sync.stream))
+        return
+    stream = streams.key(sync.stream)
+    clock = streams.clock(stream)
+    clock[stream] = position
+    if holdable(sync.event):
+        recorded[sync.event] = _Record(stream, position, dict(clock))
 
 
 def _waits_unnamed(name: str, sync: Any) -> bool:
@@ -149,78 +169,37 @@ def _waits_unnamed(name: str, sync: Any) -> bool:
     return name in ("wait_event", "sync_dealloc") and not _indices(sync.event, sync.stream)
 
 
-def _judge_wait(
-    name: str, sync: Any, mark: Clock | None, streams: _Streams, position: int
-) -> _Wait | None:
-    """The wait ``sync`` as issued (None: left out, its stream already after ``mark``, the
-    point its event's record marks); its stream's order joins what it waits for. An empty
-    mark: the record is not known here (a user's event, whose index may alias another, or
-    one recorded before this graph), and the stream is after a point of its own."""
-    stream = streams.key(sync.stream)
-    waiter = streams.clock(stream)
-    if mark is None:
-        _join(waiter, {_Unknown(position): 1})
-        return _Wait(stream, {}, optional=False)
-    if name == "wait_event" and _after(mark, waiter):
-        return None
-    _join(waiter, mark)
-    return _Wait(stream, mark, optional=name == "wait_event")
-
-
-@dataclass(frozen=True)
-class _Wait:
-    """A wait kept by the walk in issue order: the stream it orders, the point it orders
-    that stream after, and whether it may be left out (a ``sync_dealloc`` also holds its
-    buffer's memory, and stays)."""
-
-    stream: Hashable
-    mark: Clock
-    optional: bool
-
-
 def _covered_by_a_later_wait(
-    steps: list[Step], dropped: set[int], waits: dict[int, _Wait], streams: _Streams
+    steps: list[Step], dropped: set[int], waits: dict[int, _Wait]
 ) -> set[int]:
-    """The optional waits whose point a later wait of the same stream covers, with nothing
-    between them that reads that stream's order: a wait only adds to its stream's order, so
-    the later one alone orders everything that follows as both did."""
-    pending: dict[Hashable, list[int]] = {}  # stream -> optional waits no read has seen
+    """The optional waits that a later wait of the same stream covers, with nothing but
+    waits between them: a wait only adds to its stream's order, so the later one alone
+    orders everything that follows as both did."""
+    pending: list[int] = []  # optional waits since the last step that is no wait
     covered: set[int] = set()
     for position, step in enumerate(steps):
         if position in dropped:
             continue
-        wait = waits.get(position)
-        if wait is not None:
-            later = pending.setdefault(wait.stream, [])
-            covered.update(p for p in later if _after(waits[p].mark, wait.mark))
-            later[:] = [p for p in later if p not in covered]
-            if wait.optional:
-                later.append(position)
-            continue
-        read = _read_by(step, streams)
-        if read is None:
+        if not _is_wait(step):
             pending.clear()
-        for stream in read or ():
-            pending.pop(stream, None)
+            continue
+        wait = waits.get(position)
+        if wait is None:
+            continue  # a wait for what this cannot say: it only adds to its stream's order
+        after = {**wait.record.after, wait.record.stream: wait.record.position}
+        covered.update(
+            p
+            for p in pending
+            if waits[p].stream == wait.stream and waits[p].record.covered_by(after)
+        )
+        pending[:] = [p for p in pending if p not in covered]
+        if wait.optional:
+            pending.append(position)
     return covered
 
 
-def _read_by(step: Step, streams: _Streams) -> list[Hashable] | None:
-    """The streams whose order ``step`` reads (None: every stream, or it cannot say): work on a
-    stream, a record on it and the host waiting for it read its order, a ``wait_stream``
-    reads the order of the stream it waits for. A wait (of an event, or of a stream) only
-    adds to its stream's, and the host waiting for an event reads the event."""
-    if not isinstance(step, SyncCall):
-        return [streams.key(step.stream)]
-    name = op_name(step.op)
-    sync = operands(name, step.args)
-    if name in ("wait_event", "sync_dealloc", "synchronize_event") and _indices(sync.event):
-        return []
-    if name in ("record_event", "record_stream", "synchronize_stream") and _indices(sync.stream):
-        return [streams.key(sync.stream)]
-    if name == "wait_stream" and _indices(sync.waited):
-        return [streams.key(sync.waited)]
-    return None  # a device sync, or indices it cannot read
+def _is_wait(step: Step) -> bool:
+    return isinstance(step, SyncCall) and op_name(step.op) in ("wait_event", "sync_dealloc")
 
 
 def _indices(*args: Any) -> bool:

@@ -166,7 +166,10 @@ def wrap_codegen(native: Codegen) -> Codegen:
             native(self, nodes)
         objects: set[int] = set()
         streams = self.stream_idx_to_user_obj_idx
-        judgement = getattr(graph.module, "meta", {}).get(JUDGEMENT)
+        # A partition of the graph is not its whole program: what a record there is read by,
+        # or what a wait there is covered by, may be in another partition.
+        whole = len(nodes) == len(self.nodes)
+        judgement = getattr(graph.module, "meta", {}).get(JUDGEMENT) if whole else None
         lines = sync_lines.issued(wrapper.lines[start:], judgement, streams)
         wrapper.lines[start:] = [_rewritten(line, objects) for line in lines]
         for line in _IMPORTS:

@@ -7,8 +7,9 @@ the values a record is pinned after are computed before it, ``reuse_syncs``). Wh
 are redundant (``backends.redundant_syncs``) is therefore judged on the lines Inductor
 wrote, once its scheduler has placed every node: each line inside ``with streamN:`` is
 work on that stream (outside any block, or in ``default_stream``'s, on the stream the call
-began on), each sync line the sync it issues. A line that writes no code (a comment) is no
-work; any other line counts as work, which only keeps more.
+began on), each sync line the sync it issues. A line that runs nothing on a stream (a
+comment, a check of an input's size) is no step; any other line is work, which only ends
+the windows a covered wait is judged in.
 """
 
 from __future__ import annotations
@@ -37,17 +38,24 @@ class Work:
     stream: int | None
 
 
-def sync_in(line: Any) -> SyncCall | None:
-    """The sync a wrapper line issues (its table indices as ints), or None: the line is
-    no sync op's call, or its arguments are not plain table indices."""
-    from torch._inductor import ir
+def _sync_op(line: Any) -> Any:
+    """The sync op a wrapper line calls (a ``streams::*`` fallback), or None."""
     from torch._inductor.codegen.wrapper import ExternKernelAllocLine
 
     if not isinstance(line, ExternKernelAllocLine):
         return None
-    node: Any = line.node
-    target = getattr(node, "op_overload", None)
-    if target is None or not is_sync_op(target) or not isinstance(node.layout, ir.NoneLayout):
+    target = getattr(line.node, "op_overload", None)
+    return target if target is not None and is_sync_op(target) else None
+
+
+def sync_in(line: Any) -> SyncCall | None:
+    """The sync a wrapper line issues (its table indices as ints), or None: the line is
+    no sync op's call, or its arguments are not plain table indices."""
+    from torch._inductor import ir
+
+    target = _sync_op(line)
+    node: Any = getattr(line, "node", None)
+    if target is None or not isinstance(node.layout, ir.NoneLayout):
         return None
     roles = SYNC_ROLES.get(op_name(target), ())
     args = [str(arg) for arg in node.codegen_args()]
@@ -64,7 +72,8 @@ def sync_in(line: Any) -> SyncCall | None:
 def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -> list[Any]:
     """``lines`` without the syncs ``judgement`` finds redundant in the program they run;
     ``streams`` maps Inductor's stream numbers to table indices. Unchanged where there is
-    no judgement, or a block enters a stream it cannot name."""
+    no judgement, a block enters a stream it cannot name, or a sync's line cannot be read
+    as the sync it issues."""
     from torch._inductor.codegen.wrapper import (
         EnterCudaStreamContextLine,
         ExitCudaStreamContextLine,
@@ -83,8 +92,10 @@ def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -
             stream = None if line.stream_idx == DEFAULT_STREAM_IDX else streams[line.stream_idx]
         elif isinstance(line, ExitCudaStreamContextLine):
             stream = None
-        elif not _writes_no_code(line):
+        elif not _no_work(line):
             sync = sync_in(line)
+            if sync is None and _sync_op(line) is not None:
+                return lines
             steps.append(sync if sync is not None else Work(stream))
             written[id(steps[-1])] = line
     kept = {id(step) for step in judgement.without_redundant_waits(steps)}
@@ -96,14 +107,17 @@ def _joined_blocks(lines: list[Any]) -> list[Any]:
     """``lines`` without the stream blocks the syncs left out emptied, a block of nothing but
     syncs on the current stream joined to the block before it, and two blocks of one stream
     that nothing but comments separates joined into one: each block entered costs the host
-    a stream switch and its return."""
+    a stream switch and its return. Only a block that follows a closed block, or opens the
+    code, is joined or taken out (there, what holds it keeps other lines); the last block
+    Inductor leaves open (a device guard's exit closes it) stays open, and an emptied block
+    that stays gets a ``pass``."""
     from torch._inductor.codegen.wrapper import (
         EnterCudaStreamContextLine,
         ExitCudaStreamContextLine,
     )
 
-    # The lines as segments: a block (its enter line, its lines, its exit line), or lines
-    # outside any block (enter None).
+    # The lines as segments: a block (its enter line, its lines, its exit line or None), or
+    # lines outside any block (enter None).
     segments: list[tuple[Any, list[Any], Any]] = []
     for line in lines:
         if isinstance(line, EnterCudaStreamContextLine):
@@ -117,15 +131,18 @@ def _joined_blocks(lines: list[Any]) -> list[Any]:
             segments.append((None, [line], None))
     joined: list[tuple[Any, list[Any], Any]] = []
     for enter, body, exit_ in segments:
-        if enter is not None and exit_ is not None and all(map(_writes_no_code, body)):
-            continue  # emptied
         last = joined[-1] if joined else None
-        if enter is not None and last and last[0] and last[0].stream_idx == enter.stream_idx:
-            joined[-1] = (last[0], last[1] + body, exit_)
-        elif last and last[0] and last[2] and _only_syncs(enter, body):
-            joined[-1] = (last[0], last[1] + body, last[2])
-        else:
+        if enter is None:
             joined.append((enter, body, exit_))
+            continue
+        after_a_block = last is not None and last[0] is not None and last[2] is not None
+        emptied = all(map(_writes_no_code, body))
+        if emptied and exit_ is not None and (last is None or after_a_block):
+            continue
+        if last is not None and after_a_block and _joins(last[0], enter, body):
+            joined[-1] = (last[0], last[1] + body, exit_)
+            continue
+        joined.append((enter, [*body, "pass"] if emptied else body, exit_))
     return [
         line
         for enter, body, exit_ in joined
@@ -133,36 +150,39 @@ def _joined_blocks(lines: list[Any]) -> list[Any]:
     ]
 
 
-def _only_syncs(enter: Any, body: list[Any]) -> bool:
-    """Whether a block is ``default_stream``'s and runs nothing but syncs, frees and checks
-    of an input's size: each sync names the streams it acts on, and the others run on the
-    host alone, so they run as well in the block before, which then goes on without a
-    switch to the current stream and back."""
+def _joins(last: Any, enter: Any, body: list[Any]) -> bool:
+    """Whether a block can go on in the block before it: it is of the same stream, or it is
+    ``default_stream``'s and runs nothing but syncs, frees and checks of an input's size:
+    each sync names the streams it acts on, and the others run on the host alone."""
     from torch._inductor.codegen.wrapper import FreeIfNotReusedLine, FreeLine
     from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
 
-    if enter is None or enter.stream_idx != DEFAULT_STREAM_IDX:
+    if last.stream_idx == enter.stream_idx:
+        return True
+    if enter.stream_idx != DEFAULT_STREAM_IDX:
         return False
     host_only = (FreeLine, FreeIfNotReusedLine)
     return all(
-        _writes_no_code(line) or isinstance(line, host_only) or sync_in(line) is not None
-        for line in body
+        _no_work(line) or isinstance(line, host_only) or sync_in(line) is not None for line in body
     )
 
 
 def _writes_no_code(line: Any) -> bool:
-    """Whether ``line`` is no work on a stream: a comment, a marker of where a node's code
-    starts, the definitions of the unbacked sizes of an operation that has none, or the
-    host's check of an input's size and strides."""
-    from torch._inductor.codegen.wrapper import (
-        AssertSizeStrideLine,
-        CommentLine,
-        UnbackedSymbolDefsLine,
-    )
+    """Whether ``line`` writes no statement: a comment, a marker of where a node's code
+    starts, or the definitions of the unbacked sizes of an operation that has none."""
+    from torch._inductor.codegen.wrapper import CommentLine, UnbackedSymbolDefsLine
     from torch._inductor.utils import LineContext
 
     if isinstance(line, str):
         return not line.strip() or line.lstrip().startswith("#")
     if isinstance(line, UnbackedSymbolDefsLine):
         return not line.unbacked_bindings
-    return isinstance(line, (CommentLine, LineContext, AssertSizeStrideLine))
+    return isinstance(line, (CommentLine, LineContext))
+
+
+def _no_work(line: Any) -> bool:
+    """Whether ``line`` runs nothing on a stream: it writes no statement, or it is the
+    host's check of an input's size and strides."""
+    from torch._inductor.codegen.wrapper import AssertSizeStrideLine
+
+    return _writes_no_code(line) or isinstance(line, AssertSizeStrideLine)
