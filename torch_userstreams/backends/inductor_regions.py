@@ -57,6 +57,7 @@ from .redundant_syncs import (
     judged,
     judgement,
     made_by_the_package,
+    may_name_one,
     the_current_stream,
     without_redundant_waits,
 )
@@ -273,7 +274,10 @@ def split_and_issued(
     redundant. The demo's timeline reads it too, so it draws what runs."""
     holdable, current = made_by_the_package(table), the_current_stream(table)
     steps = split(gm, holdable, current)
-    return steps, without_redundant_waits(steps, holdable, current) if judged(table) else steps
+    if not judged(table):
+        return steps, steps
+    shared = frozenset(may_name_one(table))
+    return steps, without_redundant_waits(steps, holdable, current, shared)
 
 
 def _refuse_syncs_in_subgraphs(

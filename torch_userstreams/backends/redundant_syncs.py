@@ -8,24 +8,24 @@ Python), so ``without_redundant_waits`` drops, from a program's steps in issue o
 regions ``regions.split`` made, or the lines of a one-call graph's code, ``patch.sync_lines``):
 
 * a ``wait_event`` of a package-made event whose record the waiting stream is already
-  after: it waited for a record issued no earlier on the same stream index, itself or
-  through the streams it waited for (what each stream is after, as clocks of record
-  positions per stream index, in issue order);
+  after: it waited for a record of the same stream index at a point no earlier, itself
+  or through the streams it waited for (clocks of points per stream index, in issue
+  order);
 * a ``wait_event`` of a package-made event that a later wait of the same stream covers
   so, with nothing but waits between them (work, a record or a ``wait_stream`` might read
   the order the first one gave): a backward's exit waits for two events recorded on one
   side stream, the second later, and only the second wait is needed;
 * then the record of a package-made event nothing reads any more.
 
-What is judged never depends on which work ran where. Two table indices may name one
-stream (a user passes the current stream as their side stream, or one stream twice), so
-"no work on index 2 between these records" says nothing about the stream's work; but two
-records on one index, in issue order, are two points of one stream, the later covering
-the earlier, whatever else that stream is called. A wait whose record is not known here
-(a user's event, whose index may alias another's; one recorded before the graph) orders
-nothing this judgement relies on: it keeps its waits. A wait this cannot read (a stream or
-event that is no table index) stops the judgement: every sync stays. A host sync only
-makes later work come after more, and is one of the steps a covered wait's window ends at.
+A stream's point counts what may have added to its order: work on it, a wait that adds
+something. Two indices may name one stream (``shared``: a user passes the current stream as
+a side stream, or one stream twice), so work or a wait on any index that may name it counts
+too: "nothing ran on index 2 between these two records" then says nothing. Two records of
+one index at one point cover the same. A wait whose record is not known here (a user's
+event, whose index may alias another's; one recorded before the graph) adds to its
+stream's point and orders nothing this judgement relies on: it keeps its waits. A wait
+this cannot read (a stream or event that is no table index) stops the judgement: every
+sync stays. A host sync adds to no stream's order; it ends a covered wait's window.
 """
 
 from __future__ import annotations
@@ -55,17 +55,17 @@ def _join(into: Clock, other: Clock) -> None:
 
 @dataclass(frozen=True)
 class _Record:
-    """Where an event was last recorded (its stream's key and the step's position), and
-    what that stream was after then."""
+    """Where an event was last recorded (its stream's key and that stream's point then),
+    and what that stream was after then."""
 
     stream: Hashable
-    position: int
+    point: int
     after: Clock
 
     def covered_by(self, clock: Clock) -> bool:
-        """Whether a stream after ``clock`` is after this record: after one no earlier on
-        its stream index."""
-        return clock.get(self.stream, -1) >= self.position
+        """Whether a stream after ``clock`` is after this record: after one of its stream
+        index at a point no earlier."""
+        return clock.get(self.stream, -1) >= self.point
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,16 @@ class _Wait:
 
 
 class _Streams:
-    """What each stream is after, as the steps are issued."""
+    """What each stream is after, as the steps are issued, and each stream's point: a count
+    of what may have added to its order (work, or a wait that adds something) on its index,
+    or on an index that may name the same stream (``shared``). Two records of one index at
+    one point cover the same."""
 
-    def __init__(self, current: frozenset[int]) -> None:
+    def __init__(self, current: frozenset[int], shared: frozenset[int]) -> None:
         self.current = current
+        self.shared = frozenset(self.key(index) for index in shared)
         self.clocks: dict[Hashable, Clock] = {}
+        self.points: dict[Hashable, int] = {}
 
     def key(self, index: Any) -> Hashable:
         return None if index in self.current else index
@@ -92,14 +97,33 @@ class _Streams:
     def clock(self, stream: Hashable) -> Clock:
         return self.clocks.setdefault(stream, {})
 
+    def added_to(self, stream: Hashable, waited: _Record | None = None) -> None:
+        """Something may have been added to ``stream``'s order (what ``waited`` covers, for
+        a wait), and so to that of every index that may name it, unless that index is
+        after ``waited`` already (it recorded it, say)."""
+        named = self.shared | {stream} if stream in self.shared else {stream}
+        for key in named:
+            if waited is None or not waited.covered_by(self.clock(key)):
+                self.points[key] = self.points.get(key, 0) + 1
+
+    def record(self, stream: Hashable) -> _Record:
+        point = self.points.get(stream, 0)
+        clock = self.clock(stream)
+        clock[stream] = point
+        return _Record(stream, point, dict(clock))
+
 
 def without_redundant_waits(
-    steps: list[Step], holdable: Callable[[Any], bool], current: frozenset[int] = frozenset()
+    steps: list[Step],
+    holdable: Callable[[Any], bool],
+    current: frozenset[int] = frozenset(),
+    shared: frozenset[int] = frozenset(),
 ) -> list[Step]:
     """``steps`` without the redundant waits and the unread records of package-made events
     (see the module docstring); ``current`` are the indices of the current stream, the one
-    unannotated regions (stream None) run on."""
-    walked = _walk(steps, holdable, _Streams(current))
+    unannotated regions (stream None) run on; ``shared`` the stream indices that may name
+    one stream (the frame's own streams and the current stream's entries)."""
+    walked = _walk(steps, holdable, _Streams(current, shared))
     if walked is None:
         return list(steps)
     dropped, waits = walked
@@ -119,47 +143,44 @@ def _walk(
     waits: dict[int, _Wait] = {}
     for position, step in enumerate(steps):
         if not isinstance(step, SyncCall):
+            streams.added_to(streams.key(step.stream))
             continue
         name = op_name(step.op)
         sync = operands(name, step.args)
         if _waits_unnamed(name, sync):
             return None
         if name == "record_event":
-            _note_record(sync, position, recorded, holdable, streams)
+            _note_record(sync, recorded, holdable, streams)
         elif name in ("wait_event", "sync_dealloc"):
-            record = recorded.get(sync.event)
-            waiter = streams.clock(streams.key(sync.stream))
+            stream = streams.key(sync.stream)
+            record, waiter = recorded.get(sync.event), streams.clock(stream)
+            if record is not None and record.covered_by(waiter):
+                if name == "wait_event":
+                    dropped.add(position)
+                continue  # (a dealloc sync stays, and adds nothing)
+            streams.added_to(stream, record)
             if record is None:  # a user's event, or recorded before the graph: it orders
                 continue  # what this cannot say
-            if name == "wait_event" and record.covered_by(waiter):
-                dropped.add(position)
-                continue
             _join(waiter, record.after)
-            waits[position] = _Wait(streams.key(sync.stream), record, name == "wait_event")
+            waits[position] = _Wait(stream, record, name == "wait_event")
         elif name == "wait_stream":  # as a wait for a record on the other stream, here
-            waited = streams.key(sync.waited)
-            after = {**streams.clock(waited), waited: position}
-            _join(streams.clock(streams.key(sync.stream)), after)
+            stream, record = streams.key(sync.stream), streams.record(streams.key(sync.waited))
+            streams.added_to(stream, record)
+            _join(streams.clock(stream), record.after)
     return dropped, waits
 
 
 def _note_record(
-    sync: Any,
-    position: int,
-    recorded: dict[Any, _Record],
-    holdable: Callable[[Any], bool],
-    streams: _Streams,
+    sync: Any, recorded: dict[Any, _Record], holdable: Callable[[Any], bool], streams: _Streams
 ) -> None:
     """A record: its stream is after it from now on; a package-made event's record is
     kept. A record this cannot place leaves its event's waits judged by nothing here."""
     if not _indices(sync.event, sync.stream):
         recorded.pop(sync.event, None)
         return
-    stream = streams.key(sync.stream)
-    clock = streams.clock(stream)
-    clock[stream] = position
+    record = streams.record(streams.key(sync.stream))
     if holdable(sync.event):
-        recorded[sync.event] = _Record(stream, position, dict(clock))
+        recorded[sync.event] = record
 
 
 def _waits_unnamed(name: str, sync: Any) -> bool:
@@ -186,7 +207,7 @@ def _covered_by_a_later_wait(
         wait = waits.get(position)
         if wait is None:
             continue  # a wait for what this cannot say: it only adds to its stream's order
-        after = {**wait.record.after, wait.record.stream: wait.record.position}
+        after = {**wait.record.after, wait.record.stream: wait.record.point}
         covered.update(
             p
             for p in pending
@@ -264,15 +285,17 @@ def judged(table: UserObjectTable | None) -> bool:
 @dataclass(frozen=True)
 class Judgement:
     """What ``without_redundant_waits`` needs of a graph's table, as plain data (a graph's
-    meta is pickled into Inductor's FX graph cache key): its package-made events and its
-    current-stream indices, each sorted."""
+    meta is pickled into Inductor's FX graph cache key): its package-made events, its
+    current-stream indices and the stream indices that may name one stream, each sorted."""
 
     package_events: tuple[int, ...]
     current: tuple[int, ...]
+    shared: tuple[int, ...]
 
     def without_redundant_waits(self, steps: list[Step]) -> list[Step]:
         made = frozenset(self.package_events)
-        return without_redundant_waits(steps, made.__contains__, frozenset(self.current))
+        current, shared = frozenset(self.current), frozenset(self.shared)
+        return without_redundant_waits(steps, made.__contains__, current, shared)
 
 
 def judgement(table: UserObjectTable | None) -> Judgement | None:
@@ -281,4 +304,16 @@ def judgement(table: UserObjectTable | None) -> Judgement | None:
         return None
     made = made_by_the_package(table)
     events = tuple(entry.index for entry in table.entries if made(entry.index))
-    return Judgement(events, tuple(sorted(the_current_stream(table))))
+    return Judgement(events, tuple(sorted(the_current_stream(table))), may_name_one(table))
+
+
+def may_name_one(table: UserObjectTable | None) -> tuple[int, ...]:
+    """The stream indices of ``table`` that may name one stream: the frame's own (inputs,
+    globals, attributes) and the current stream's entries. A stream the function makes,
+    or one a pass asked for, is new each call: no other index names it."""
+    kinds = (EntryKind.INPUT, EntryKind.CURRENT_STREAM)
+    return tuple(
+        entry.index
+        for entry in (table.entries if table is not None else ())
+        if entry.kind in kinds and "Stream" in entry.example_type
+    )
