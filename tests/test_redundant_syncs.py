@@ -242,6 +242,22 @@ def test_a_record_after_a_wait_covers_more_than_one_before() -> None:
     ]
 
 
+def test_unannotated_work_may_be_on_a_frame_stream() -> None:
+    """Without a current-stream entry, unannotated work runs on the caller's current stream,
+    which may be one of the frame's streams (found by helper-15)."""
+    steps = [record(10, 2), wait(10, 1), work(None), record(11, 2), wait(11, 1), work(1)]
+    kept = without_redundant_waits(steps, lambda event: event >= 10, frozenset(), frozenset({2}))
+    assert [_describe(step) for step in kept] == [_describe(step) for step in steps]
+
+
+def test_a_forward_keeps_its_records_for_its_backward() -> None:
+    """A forward graph's record no wait of its own reads may be waited for by its backward."""
+    steps = [work(2), record(10, 2)]
+    kept = without_redundant_waits(steps, lambda event: event >= 10, CURRENT, keep_records=True)
+    assert [_describe(step) for step in kept] == ["work@2", "record_event(10, 2)"]
+    assert pruned(*steps) == ["work@2"]
+
+
 # Programs of the steps above over streams 0, 2 and 3: events 10-12 the package's (waited
 # only after a record in the program, as the passes place them), 7 a user's (anywhere). Two
 # waits of one stream with one step between them come often, as at a backward's exit.

@@ -32,7 +32,7 @@ def training_step(
     """The demo's step with its loss (two side-stream blocks), forward and backward: the code
     of its two calls, what the race detector saw, and the gradients."""
     if not judged:
-        monkeypatch.setattr(inductor_regions, "judgement", lambda table: None)
+        monkeypatch.setattr(inductor_regions, "judgement", lambda table, backward: None)
     torch._dynamo.reset()
     net = model(streams=True)
     loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")

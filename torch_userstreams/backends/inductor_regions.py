@@ -42,7 +42,7 @@ from ..compile.prologue import referenced_indices
 from ..compile.table import UserObjectTable, all_on_cpu
 from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
-from ..fx.meta import mark_graph_phase
+from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..observe import part_of_a_program
 from ..passes import sync_inference_graph_in_backend
@@ -179,7 +179,8 @@ class StreamRegionsCompiler:
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
         if not self.cpu:
-            gm.meta[JUDGEMENT] = judgement(self.table)  # for its code (``patch.sync_lines``)
+            backward = bool(kwargs.get("is_backward"))  # for its code (``patch.sync_lines``)
+            gm.meta[JUDGEMENT] = judgement(self.table, backward=backward)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
         # A CPU graph has no sync left, nor a ``control_deps`` to pin one.
@@ -276,8 +277,8 @@ def split_and_issued(
     steps = split(gm, holdable, current)
     if not judged(table):
         return steps, steps
-    shared = frozenset(may_name_one(table))
-    return steps, without_redundant_waits(steps, holdable, current, shared)
+    shared, forward = frozenset(may_name_one(table)), not is_backward_graph(gm)
+    return steps, without_redundant_waits(steps, holdable, current, shared, keep_records=forward)
 
 
 def _refuse_syncs_in_subgraphs(

@@ -87,7 +87,10 @@ class _Streams:
 
     def __init__(self, current: frozenset[int], shared: frozenset[int]) -> None:
         self.current = current
-        self.shared = frozenset(self.key(index) for index in shared)
+        # The stream unannotated work runs on may be any of the frame's streams too.
+        self.shared = frozenset(
+            {self.key(index) for index in shared} | ({None} if shared else set())
+        )
         self.clocks: dict[Hashable, Clock] = {}
         self.points: dict[Hashable, int] = {}
 
@@ -118,17 +121,23 @@ def without_redundant_waits(
     holdable: Callable[[Any], bool],
     current: frozenset[int] = frozenset(),
     shared: frozenset[int] = frozenset(),
+    *,
+    keep_records: bool = False,
 ) -> list[Step]:
     """``steps`` without the redundant waits and the unread records of package-made events
     (see the module docstring); ``current`` are the indices of the current stream, the one
     unannotated regions (stream None) run on; ``shared`` the stream indices that may name
-    one stream (the frame's own streams and the current stream's entries)."""
+    one stream (the frame's own streams and the current stream's entries). With
+    ``keep_records`` (a forward graph: its backward may wait for what it records) every
+    record stays."""
     walked = _walk(steps, holdable, _Streams(current, shared))
     if walked is None:
         return list(steps)
     dropped, waits = walked
     dropped |= _covered_by_a_later_wait(steps, dropped, waits)
     kept = [step for position, step in enumerate(steps) if position not in dropped]
+    if keep_records:
+        return kept
     read = {_event(step) for step in kept if isinstance(step, SyncCall) and _reads_event(step)}
     return [step for step in kept if not _unread_record(step, read, holdable)]
 
@@ -291,20 +300,25 @@ class Judgement:
     package_events: tuple[int, ...]
     current: tuple[int, ...]
     shared: tuple[int, ...]
+    keep_records: bool  # a forward graph's: its backward may wait for what it records
 
     def without_redundant_waits(self, steps: list[Step]) -> list[Step]:
         made = frozenset(self.package_events)
         current, shared = frozenset(self.current), frozenset(self.shared)
-        return without_redundant_waits(steps, made.__contains__, current, shared)
+        return without_redundant_waits(
+            steps, made.__contains__, current, shared, keep_records=self.keep_records
+        )
 
 
-def judgement(table: UserObjectTable | None) -> Judgement | None:
-    """The judgement of ``table``'s graphs; None where none may leave a wait out."""
+def judgement(table: UserObjectTable | None, *, backward: bool) -> Judgement | None:
+    """The judgement of ``table``'s forward or backward graph; None where none may leave a
+    wait out."""
     if table is None or not judged(table):
         return None
     made = made_by_the_package(table)
     events = tuple(entry.index for entry in table.entries if made(entry.index))
-    return Judgement(events, tuple(sorted(the_current_stream(table))), may_name_one(table))
+    current = tuple(sorted(the_current_stream(table)))
+    return Judgement(events, current, may_name_one(table), keep_records=not backward)
 
 
 def may_name_one(table: UserObjectTable | None) -> tuple[int, ...]:
