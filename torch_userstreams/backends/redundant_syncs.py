@@ -43,14 +43,14 @@ from ..fx.ops import op_name, operands
 Step = Any
 
 # What a stream is after: for each stream index (the current stream's entries are one key,
-# None), the position of the latest record on it that this stream waited for, or made.
+# None), the point of the latest record on it that this stream waited for, or made.
 Clock = dict[Hashable, int]
 
 
 def _join(into: Clock, other: Clock) -> None:
-    for stream, position in other.items():
-        if into.get(stream, -1) < position:
-            into[stream] = position
+    for stream, point in other.items():
+        if into.get(stream, -1) < point:
+            into[stream] = point
 
 
 @dataclass(frozen=True)
