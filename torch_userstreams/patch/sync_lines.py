@@ -8,8 +8,9 @@ are redundant (``backends.redundant_syncs``) is therefore judged on the lines In
 wrote, once its scheduler has placed every node: each line inside ``with streamN:`` is
 work on that stream (outside any block, or in ``default_stream``'s, on the stream the call
 began on), each sync line the sync it issues. A line that runs nothing on a stream (a
-comment, a check of an input's size) is no step; any other line is work, which only ends
-the windows a covered wait is judged in.
+comment, a check of an input's size) is no step; any other line is work, which only keeps
+more syncs. Only a whole graph is judged (a partition's records may be read in another),
+and not one with a sync line this cannot read.
 """
 
 from __future__ import annotations
