@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch_userstreams.backends.redundant_syncs import without_redundant_waits
 from torch_userstreams.backends.regions import Region, Step
 from torch_userstreams.fx.control_deps import SyncCall
+from torch_userstreams.run.own_ops import sync_op
 
 streams = torch.ops.streams
 CURRENT = frozenset({0})
@@ -35,7 +36,8 @@ def dealloc(event: int, stream: int) -> SyncCall:
 
 
 def synchronize_stream(stream: int) -> SyncCall:
-    return SyncCall(None, streams.synchronize_stream.default, (stream,))  # type: ignore[arg-type]
+    # (torch 2.11 has no ``streams::synchronize_stream``: the package's own op stands in)
+    return SyncCall(None, sync_op("synchronize_stream"), (stream,))
 
 
 def wait_stream(stream: int, other: int) -> SyncCall:
