@@ -16,7 +16,6 @@ import torch
 from helpers import two_stream_step as step
 
 import torch_userstreams
-from torch_userstreams.backends.inductor_regions import inductor_runs_streams
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream, fake_accelerator
 
@@ -64,11 +63,8 @@ def main() -> None:
     cpu = train(lambda: SimStream(device="cpu"), syncs_logged=False)
     with fake_accelerator():
         regions = train(FakeAcceleratorStream, syncs_logged=True, regions=True)
-        # The default: one call per graph on 2.12+, each sync pinned by a ``control_deps``
-        # (on 2.11 the regions above, whose entries this process would serve itself).
-        one_call = (
-            train(FakeAcceleratorStream, syncs_logged=True) if inductor_runs_streams() else regions
-        )
+        # The default: one call per graph (2.12+: each sync pinned by a ``control_deps``).
+        one_call = train(FakeAcceleratorStream, syncs_logged=True)
     grads_ok = cpu[0] and regions[0] and one_call[0]
     objects_ok = regions[1] and one_call[1]
     report = {

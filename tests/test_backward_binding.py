@@ -327,28 +327,24 @@ def test_the_walk_stops_once_it_found_every_node_the_call_made() -> None:
 
 
 def test_userstreams_on_cpu_makes_no_backward_events() -> None:
-    """``userstreams`` compiles a CPU table's graphs without their syncs (as one call, each
-    node on its stream, on 2.12+; without streams too as regions), so the prologue skips the
-    events requested for the backward's syncs. The one call's backward enters the call's
-    streams: each call binds it; stream-free graphs read nothing, and no call binds one.
-    Gradients stay eager's."""
-    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+    """``userstreams`` compiles a CPU table's graphs as one call without their syncs, each
+    node on its stream, so the prologue skips the events requested for the backward's syncs.
+    The one call's backward enters the call's streams: each call binds it. Gradients stay
+    eager's."""
     from torch_userstreams.run.backward import BINDING_ATTR
 
-    one_call = inductor_runs_streams()
     x, w = leaves(11)
     report = torch_userstreams.explain(two_streams, x, w, backend="userstreams")
     (table,) = report.tables
     requested = [e for e in table.entries if e.phase is Phase.BACKWARD]
     assert requested and not any(table.loads(e.index) for e in requested)
-    assert table.plan is not None and table.plan.backward_bound is one_call
+    assert table.plan is not None and table.plan.backward_bound
     assert "added by backward_syncs) (unused: not loaded)" in str(report)
     compiled = torch.compile(two_streams, backend="userstreams")
     out = compiled(x, w)
     binding = getattr(out.grad_fn, BINDING_ATTR, None)
-    assert (binding is not None) is one_call
-    if one_call:
-        assert all(objects_of(binding)[e.index] is None for e in requested)
+    assert binding is not None
+    assert all(objects_of(binding)[e.index] is None for e in requested)
     out.backward()
     torch.testing.assert_close([x.grad, w.grad], eager_grads(two_streams, *leaves(11)))
 

@@ -112,11 +112,7 @@ def test_one_call_code_cached_by_another_package_version_is_not_served(
 
     import torch_userstreams
     from torch_userstreams.backends import cache_tag
-    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
     from torch_userstreams.simulator import SimEvent, SimStream
-
-    if not inductor_runs_streams():
-        pytest.skip("torch 2.11 compiles CPU graphs as regions: plain code, keyed by Inductor")
 
     def compile_and_count() -> dict[str, int]:
         torch._dynamo.reset()

@@ -377,9 +377,7 @@ def reduce_overhead(fn: Callable[..., Any], *args: Any, or_error: bool = False) 
 def test_the_skip_says_a_graph_that_follows_the_rules_is_skipped_for_its_compile_path(
     cudagraph_log: Messages,
 ) -> None:
-    """One call per graph (torch 2.12+) or regions (2.11): neither is captured yet."""
-    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
-
+    """One call per graph: not captured yet."""
     x = torch.randn(4)
     torch.testing.assert_close(
         reduce_overhead(forked_and_joined, x, FakeAcceleratorStream()), 2 * x.sin()
@@ -389,11 +387,7 @@ def test_the_skip_says_a_graph_that_follows_the_rules_is_skipped_for_its_compile
         "skipping cudagraphs due to torch_userstreams: graph forked_and_joined"
     ), skip
     assert "follows CUDA's stream-capture rules" in skip
-    path = (
-        "captures no graph with streams as CUDA graphs yet"
-        if inductor_runs_streams()
-        else "runs each stream region"
-    )
+    path = "captures no graph with streams as CUDA graphs yet"
     assert f"skipped only because backend 'userstreams' {path}" in skip, skip
 
 

@@ -68,11 +68,9 @@ def test_a_run_under_the_race_detector_names_the_stream_as_passed(backend: str) 
     )
     run = [hazard for hazard in report.hazards if hazard.startswith("run: ")]
     assert len(run) == 1, report
-    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
-
     # Each op runs alone (a region of one kernel runs as its graph), or, in one call per
-    # graph (torch 2.12+), inside the C++ kernel Inductor made of it.
-    one_call = backend == "userstreams" and inductor_runs_streams()
+    # graph, inside the C++ kernel Inductor made of it.
+    one_call = backend == "userstreams"
     made = "cpp_fused_mul_0 (graph racy [0/0])" if one_call else "mul.Tensor"
     assert f"on side reads memory allocated by {made}" in run[0], run[0]
     assert f"fix: record an event on the current stream after {made}" in run[0], run[0]

@@ -127,20 +127,14 @@ def test_outputs_through_chains_of_views(backend: str) -> None:
 def _no_backward_events_on_cpu(v: torch.Tensor) -> None:
     """userstreams on CPU compiles both graphs without their syncs (stream order is program
     order): the events the passes requested for the backward's syncs are not made. The one
-    call (2.12+) enters the call's streams in the backward, found through the binding on
-    the output's nodes; regions (2.11) run without streams and bind nothing."""
-    from torch_userstreams.backends.inductor_regions import inductor_runs_streams
-
+    call enters the call's streams in the backward, found through the binding on the
+    output's nodes."""
     binding = last_binding()
     table = bindings.graph_of(binding).table
     requested = [e for e in table.entries if e.phase is Phase.BACKWARD]
     assert requested and not any(table.loads(e.index) for e in requested)
     assert all(bindings.objects_of(binding)[e.index] is None for e in requested)
-    if inductor_runs_streams():
-        assert binding_on(v) is binding
-    else:
-        with pytest.raises(AssertionError, match="no binding on the call's autograd nodes"):
-            binding_on(v)
+    assert binding_on(v) is binding
     v.sum().backward()
 
 
@@ -494,37 +488,38 @@ def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) 
     device guard: every call of such a graph failed with ``NameError: name 'stream1' is not
     defined``, natively too. While installed the code defines them (``patch.
     inductor_streams``) from the call's objects, and issues each sync as their method.
-    Inductor 2.11 ignores the annotation."""
+    Inductor 2.11 ignores the annotation, and freed a backward input before the kernel that
+    read it once the package's syncs were in its graph (``UnboundLocalError``); while
+    installed, each node runs in its stream's block (``patch.placed_streams``, named by its
+    object) and each sync flushes the kernel gathered before it."""
     from torch._inductor.utils import run_and_get_code
 
-    # A simulated stream: Inductor 2.11 keeps the graph's wait_stream, which a native CPU
-    # stream cannot run (no CPU events), natively too.
+    # A simulated stream: Inductor keeps the graph's wait_stream, which a native CPU stream
+    # cannot run (no CPU events), natively too.
     x, s = torch.rand(3, 2, requires_grad=True), SimStream(device="cpu")
     with simulated_eager():
         expected = fn(x, s)
     (expected_grad,) = torch.autograd.grad(expected.sum(), x)
     out, code = run_and_get_code(torch.compile(fn, backend="inductor"), x, s)
     torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], expected_grad)
+    forward = code[0]
+    assert "default_stream = nullcontext()" in forward
+    resolved = r"\n +(user_object\d+, )+= lookup_user_objects\(\((\d+, )*\d+,\)\)\n"
+    assert re.search(resolved, forward), forward
     if torch.__version__.startswith("2.11."):
-        # Inductor 2.11 frees a backward input before the kernel that reads it once the
-        # package's syncs are in its graph (docs/limits.md): userstreams compiles it.
-        with pytest.raises(UnboundLocalError, match="cannot access local variable"):
-            torch.autograd.grad(out.sum(), x)
+        assert re.search(r"\n        with user_object\d+:\n", forward), forward
     else:
-        torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], expected_grad)
-        forward = code[0]
-        assert "default_stream = nullcontext()" in forward
         assert re.search(r"\n +stream1 = user_object\d+\n", forward), forward
-        resolved = r"\n +(user_object\d+, )+= lookup_user_objects\(\((\d+, )*\d+,\)\)\n"
-        assert re.search(resolved, forward), forward
         # Entered as itself on every release (2.12 wrote torch.cuda.stream(stream1), which
         # does nothing without CUDA).
-        assert "\n        with stream1:\n" in forward and "torch.cuda.stream(" not in forward
-        # Each sync is the method of the call's objects, resolved once: no op dispatch.
-        assert "torch.ops.streams" not in forward, forward
-        if fn is back_on_its_own_main_stream:
-            waits = r"\n +user_object\d+\.wait_stream\(user_object\d+\)\n"
-            assert len(re.findall(waits, forward)) == 2, forward
+        assert "\n        with stream1:\n" in forward
+    assert "torch.cuda.stream(" not in forward
+    # Each sync is the method of the call's objects, resolved once: no op dispatch.
+    assert "torch.ops.streams" not in forward, forward
+    if fn is back_on_its_own_main_stream:
+        waits = r"\n +user_object\d+\.wait_stream\(user_object\d+\)\n"
+        assert len(re.findall(waits, forward)) == 2, forward
     fixed = torch.compile(fn, backend="userstreams")
     torch.testing.assert_close(fixed(x, s), expected)
     # Only a view on the stream: no kernel runs there, and Inductor's code works.

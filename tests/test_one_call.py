@@ -1,9 +1,10 @@
-"""``userstreams`` compiles a graph with streams as one Inductor call on torch 2.12+
+"""``userstreams`` compiles a graph with streams as one Inductor call on every torch
 (``options={"userstreams.one_call": False}`` asks for regions instead).
 
-Inductor 2.12+ runs each node of a graph on its own stream. The backend hands it the whole
-graph, syncs in place; while installed, Inductor's scheduler keeps every sync where the
-graph put it (``patch.inductor_order``) and its code resolves the call's objects once
+Inductor 2.12+ runs each node of a graph on its own stream; on 2.11 the package places
+them (``patch.placed_streams``). The backend hands Inductor the whole graph, syncs in place;
+while installed, Inductor's scheduler keeps every sync where the graph put it
+(``patch.inductor_order``) and its code resolves the call's objects once
 (``patch.inductor_streams``). Judged as on a GPU: the fake accelerator with GPU semantics
 and the run-time race detector, which sees each C++ kernel of the call.
 """
@@ -36,11 +37,6 @@ from torch_userstreams.testing.fake_accelerator import (
     fake_accelerator,
 )
 from torch_userstreams.testing.races import RaceReport, detect_races
-
-needs_one_call = pytest.mark.skipif(
-    not inductor_runs_streams(),
-    reason="Inductor 2.11 runs every kernel on one stream: graphs with streams are regions",
-)
 
 
 def test_a_sync_stays_between_the_work_around_it() -> None:
@@ -98,6 +94,13 @@ def two_side_streams(x, w, s0, s1, forked, joined0, joined1):  # type: ignore[no
 ONE_CALL = {"userstreams.one_call": True}
 # What one call's code starts with: the call's objects, resolved once (``patch.inductor_streams``).
 ONE_CALL_CODE = f"= {LOOKUP}(("
+# A side stream's block: Inductor's own names it ``streamN`` (2.12+), the package's the
+# stream's object (2.11, ``patch.placed_streams``).
+SIDE_BLOCK = re.compile(r"\n +with (stream[1-9]\d*|user_object\d+):\n")
+
+
+def enters_a_side_stream(module: str) -> bool:
+    return SIDE_BLOCK.search(module) is not None
 
 
 def run_with_backward(
@@ -118,21 +121,19 @@ def run_with_backward(
     return report, code
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 def test_forward_and_backward_are_one_call_each_and_race_free() -> None:
     report, code = run_with_backward("userstreams", ONE_CALL)
     assert len(code) == 2, "one compiled call for the forward, one for the backward"
     for module in code:
-        assert ONE_CALL_CODE in module and "with stream1:" in module, module
+        assert ONE_CALL_CODE in module and enters_a_side_stream(module), module
     assert report, report
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 def test_one_call_by_default_regions_on_request() -> None:
     report, code = run_with_backward("userstreams")
-    assert len(code) == 2 and all("with stream1:" in module for module in code), code
+    assert len(code) == 2 and all(map(enters_a_side_stream, code)), code
     assert report, report
     report, code = run_with_backward("userstreams", {ONE_CALL_OPTION: False})
     assert len(code) > 2, "a compiled call per region"
@@ -140,7 +141,6 @@ def test_one_call_by_default_regions_on_request() -> None:
     assert report, report
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize(
     "switched_off",
@@ -173,7 +173,6 @@ def test_each_part_of_the_one_call_path_is_needed(
     assert not report, f"switching off {switched_off} went unseen"
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize("flushed", [True, False])
 def test_work_on_either_side_of_a_sync_is_never_one_kernel(
@@ -198,7 +197,6 @@ def test_work_on_either_side_of_a_sync_is_never_one_kernel(
     assert order == sorted(order), call
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 def test_a_data_dependent_size_falls_back_to_regions() -> None:
     """Inductor fails on a data-dependent size a sync passes through (``u3 -> u0``)."""
@@ -215,7 +213,6 @@ def test_a_data_dependent_size_falls_back_to_regions() -> None:
     assert not any(ONE_CALL_CODE in module for module in code), code
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize(
     ("pinned", "after_inductor", "race_free"),
@@ -229,13 +226,17 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     its memory after that last read. Inductor's post-grad passes moved the read, computed
     in a later kernel, past an unpinned record: s0 could reuse ``made`` while s2 still
     read it. Each guard alone keeps the read before the record: the record pinned after
-    the read (``control_deps``), or the re-sync after Inductor's passes."""
+    the read (``control_deps``; on 2.11, every value computed before each sync), or the
+    re-sync after Inductor's passes."""
     from test_accelerator_regions import no_op_between_streams
 
     from torch_userstreams.backends import reuse_syncs
 
     if not pinned:
         monkeypatch.setattr(reuse_syncs, "PINNED_PASS", reuse_syncs.PASS)
+        # 2.11 has no control_deps to pin with: its Inductor computes every value read
+        # after a sync before it instead.
+        monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
     if not after_inductor:
         monkeypatch.setattr(reuse_syncs, "resync_after_post_grad", lambda gm, table, user: user)
     program = no_op_between_streams(torch.clone, read_on_third=False)
@@ -246,7 +247,61 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
         (out,), [code] = run_and_get_code(compiled, x, *streams)
     torch.testing.assert_close(out, program(x, *streams)[0])
     assert ONE_CALL_CODE in code, "one call"
-    assert bool(report) is race_free, report
+    # 2.11 has no control_deps to pin with: there the guard is that every value read after
+    # a sync is computed before it (monkeypatched away with ``pinned``).
+    assert bool(report) is (race_free if inductor_runs_streams() else pinned), report
+
+
+def kernels_by_block(code: str) -> list[tuple[str | None, list[str]]]:
+    """Each C++ kernel the ``call`` in ``code`` launches, as the block it is called in (None:
+    outside any stream block) and its arguments."""
+    call = code[code.index("def call") :]
+    found: list[tuple[str | None, list[str]]] = []
+    blocks: list[tuple[int, str]] = []  # (indent, name) of the blocks open
+    for line in call.splitlines()[1:]:
+        indent = len(line) - len(line.lstrip())
+        if not line.strip():
+            continue
+        if indent <= 4:
+            break  # the end of ``call``
+        blocks = [(at, name) for at, name in blocks if at < indent]
+        block = re.fullmatch(r"with (\w+):", line.strip())
+        kernel = re.fullmatch(r"cpp_fused_\w+\((.*)\)", line.strip())
+        if block:
+            blocks.append((indent, block.group(1)))
+        elif kernel:
+            found.append((blocks[-1][1] if blocks else None, kernel.group(1).split(", ")))
+    return found
+
+
+@pytest.mark.usefixtures("gpu_like")
+@pytest.mark.parametrize("computed_before_syncs", [True, False])
+def test_work_before_a_sync_runs_on_its_own_stream(
+    computed_before_syncs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``made = x * x`` in s0's block, read on s2 after s2 waits for s0: its kernel runs in
+    s0's block, before the wait. Inductor computes a pointwise value where it is read, and
+    writes a sync when it lowers it; 2.12+ computes what a sync is wrapped to follow before
+    it, 2.11 (while installed) every value read after a sync. Without that, 2.11 called s0's
+    kernel after the wait meant to follow it."""
+    from test_accelerator_regions import no_op_between_streams
+
+    if not computed_before_syncs:
+        if inductor_runs_streams():
+            pytest.skip("2.12+ computes it through control_deps, which the package keeps")
+        monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
+    program = no_op_between_streams(torch.clone, read_on_third=False)
+    x = torch.randn(4, 6)
+    streams = [FakeAcceleratorStream() for _ in range(3)]
+    compiled = torch.compile(program, backend="userstreams")
+    with detect_races() as report:
+        (out,), [code] = run_and_get_code(compiled, x, *streams)
+    torch.testing.assert_close(out, program(x, *streams)[0])
+    assert bool(report) is computed_before_syncs, report
+    (s0, made), *later = kernels_by_block(code)
+    s2 = {block for block, _ in later}
+    assert s0 is not None and len(s2) == 1 and s0 not in s2 and None not in s2, code
+    assert made[-1] in {arg for _, args in later for arg in args}, code  # s2 reads it
 
 
 def several_outputs_read_on_a_side_stream(
@@ -270,7 +325,6 @@ def several_outputs_read_on_a_side_stream(
     return program
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize(
     "reads",
@@ -294,7 +348,6 @@ def test_a_read_with_several_outputs_stays_before_the_sync_that_frees_its_buffer
     assert report, report
 
 
-@needs_one_call
 @pytest.mark.usefixtures("gpu_like")
 def test_a_view_updated_on_a_side_stream_is_one_call_with_static_sizes() -> None:
     """The regions fallback for a folded view-scatter is for symbolic sizes alone
@@ -377,7 +430,6 @@ class _Entered:
         return lambda *args: None  # every other event the observer is told of
 
 
-@needs_one_call
 @pytest.mark.parametrize("one_call", [True, False], ids=["default", "regions"])
 def test_a_cpu_graph_is_one_call_on_its_streams_without_syncs(one_call: bool) -> None:
     """On CPU the backend takes the accelerator's path: one call per graph, each node in its
@@ -397,13 +449,12 @@ def test_a_cpu_graph_is_one_call_on_its_streams_without_syncs(one_call: bool) ->
     torch.testing.assert_close([leaf.grad for leaf in leaves], expected)
     assert len(code) == 2, "one compiled call for the forward, one for the backward"
     for module in code:
-        assert ("with stream1:" in module) is one_call, module
+        assert enters_a_side_stream(module) is one_call, module
         assert not re.search(r"user_object\d+\.\w+\(|streams\.\w+\.default\(", module), module
     assert not done.log, "no sync is issued on CPU"
     assert entered.streams == ([s, s] if one_call else []), entered.streams
 
 
-@needs_one_call
 @pytest.mark.parametrize(
     "options",
     [

@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_generated_programs import PROFILE
 
-from torch_userstreams.backends.inductor_regions import inductor_runs_streams
 from torch_userstreams.passes import backward_syncs, dealloc_syncs, write_backs
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,
@@ -264,10 +263,6 @@ def run_generated(
             "userstreams",
             10,
             None,  # the default
-            marks=pytest.mark.skipif(
-                not inductor_runs_streams(),
-                reason="Inductor 2.11 runs every kernel on one stream: no one call to judge",
-            ),
             id="userstreams-one-call",
         ),
     ],

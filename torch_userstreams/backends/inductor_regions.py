@@ -92,6 +92,11 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 # on CPU, where every kernel runs on the host in program order.
 NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
+# Inductor's post-grad pass that moves each value down to its first reader moves work past
+# the syncs after it where nothing ties the two (``control_deps`` does, on 2.12+): on 2.11 a
+# side stream's ``x * x`` went below the wait that orders another stream after it.
+IN_GRAPH_ORDER = {"reorder_for_locality": False}
+
 # What each graph with stream work has had done before its region split, by the passes that
 # run on every such graph the backend compiles (``reuse_syncs.PASS``, then
 # ``regions.FACTORIES_PASS``).
@@ -185,7 +190,8 @@ class StreamRegionsCompiler:
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
         # A CPU graph has no sync left, nor a ``control_deps`` to pin one.
         reuse = {} if self.cpu else {**NO_BUFFER_REUSE, **control_deps_cached()}
-        with keyed_by_streams(gm), inductor_config.patch({**reuse, **resync}):
+        order = {} if inductor_runs_streams() else IN_GRAPH_ORDER
+        with keyed_by_streams(gm), inductor_config.patch({**reuse, **order, **resync}):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 
     def _resync_after(self, gm: torch.fx.GraphModule) -> Any:
@@ -474,12 +480,13 @@ def _not_python_wrapper() -> bool:
 
 
 def can_compile_one_call() -> bool:
-    """Whether a graph with streams compiles as one call: Inductor runs streams, and the
-    package's patches of its scheduler and code (``patch.inductor_order``,
-    ``patch.inductor_streams``) are in place."""
+    """Whether a graph with streams compiles as one call: the package's patches of
+    Inductor's scheduler and code are in place (``patch.inductor_order``,
+    ``patch.inductor_streams``; on 2.11, whose Inductor runs one stream,
+    ``patch.placed_streams`` places each node on its stream)."""
     from ..patch.install import is_installed
 
-    return inductor_runs_streams() and is_installed()
+    return is_installed()
 
 
 def _no_cudagraphs() -> Any:

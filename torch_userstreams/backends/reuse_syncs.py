@@ -223,8 +223,14 @@ def _pin_after_reads(
     gm: torch.fx.GraphModule, record: torch.fx.Node, reads: list[torch.fx.Node]
 ) -> None:
     """``record`` wrapped in a ``control_deps`` on ``reads``: Inductor computes each as a
-    buffer of its own before the record (torch 2.12+, where the wrapper exists)."""
-    from torch._functorch._aot_autograd.streams import _wrap_sync_node
+    buffer of its own before the record (torch 2.12+, where the wrapper exists; 2.11's
+    Inductor computes every value read after a sync before it while the package is installed,
+    ``patch.inductor_order.wrap_run_node``)."""
+    from torch._functorch._aot_autograd import streams
+
+    _wrap_sync_node = getattr(streams, "_wrap_sync_node", None)
+    if _wrap_sync_node is None:
+        return
 
     visited: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
@@ -281,15 +287,17 @@ def resync_after_post_grad(gm: torch.fx.GraphModule, table: UserObjectTable, use
     on each subgraph too; only ``gm``'s graph, marked, holds streams (a copy Inductor might
     make keeps the mark). ``check()`` and ``explain()`` see the graph before this pass.
     """
-    from torch._inductor.custom_graph_pass import (
-        CustomInferenceAwareGraphPass,
-        get_hash_for_files,
-    )
+    from torch._inductor import custom_graph_pass
+    from torch._inductor.custom_graph_pass import get_hash_for_files
 
-    class ResyncAfterInductor(CustomInferenceAwareGraphPass):
+    # 2.12+ tells a pass whether the graph is an inference graph; 2.11 has no such pass.
+    aware: Any = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", None)
+    base: Any = aware or custom_graph_pass.CustomGraphPass
+
+    class ResyncAfterInductor(base):  # type: ignore[misc, valid-type]
         def __call__(self, graph: torch.fx.Graph, is_inference: bool = False) -> None:
             for each in _passes(user_pass):
-                if isinstance(each, CustomInferenceAwareGraphPass):
+                if aware is not None and isinstance(each, aware):
                     each(graph, is_inference=is_inference)
                 else:
                     each(graph)

@@ -19,6 +19,14 @@ when it is flushed, while it writes a sync at once: ``x * 3`` before a record an
 ``.cos()`` after a wait became one kernel called after the wait, with its input freed
 before it (``UnboundLocalError``). Each sync flushes what was gathered before it
 (``flushed_at_syncs``), as Inductor does at a device guard.
+
+Inductor computes a pointwise value where a later node reads it. 2.12+ computes the values a
+sync is wrapped to follow (``control_deps``) before it, and a value read on another stream on
+its own; torch 2.11 does neither, so there, while installed, every value lowered before a
+sync that a node after it reads is computed into a buffer before the sync is lowered, and a
+value is computed on its own stream before a node of another stream reads it
+(``wrap_run_node``): what the graph does before a sync runs before it, on the stream the
+user put it on, as in a region.
 """
 
 from __future__ import annotations
@@ -27,10 +35,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 from ..originals import carries, shadowed
 
 Init = Callable[[Any, list[Any]], None]
+RunNode = Callable[[Any, Any], Any]
 
 
 def is_sync(operation: Any) -> bool:
@@ -98,3 +108,41 @@ def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
 
     with shadowed(scheduler, {"codegen_extern_call": codegen_extern_call}):
         yield
+
+
+def wrap_run_node(native: RunNode) -> RunNode:
+    """The replacement of ``GraphLowering.run_node`` (2.11): before a sync is lowered, each
+    value lowered before it that a later node reads is realized; before any other node, each
+    value it reads that another stream made (module docstring)."""
+
+    @carries(native)
+    def run_node(self: Any, n: Any) -> Any:
+        if is_sync_op(getattr(n, "target", None)):
+            _realize_what_later_nodes_read(self.env)
+        elif n.op == "call_function":
+            _realize_what_another_stream_made(n, self.env)
+        return native(self, n)
+
+    return run_node
+
+
+def _realize_what_later_nodes_read(env: dict[Any, Any]) -> None:
+    for node, value in env.items():
+        if any(user not in env for user in node.users):
+            _realize(value)
+
+
+def _realize_what_another_stream_made(node: Any, env: dict[Any, Any]) -> None:
+    stream = stream_of(node)
+    for read in node.all_input_nodes:
+        if read in env and stream_of(read) != stream:
+            _realize(env[read])
+
+
+def _realize(value: Any) -> None:
+    from torch._inductor import ir
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, ir.TensorBox):
+            leaf.realize()

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, op_name
 from ..originals import carries, shadowed
-from . import inductor_order, sync_lines
+from . import inductor_order, placed_streams, sync_lines
 from .sync_lines import JUDGEMENT
 
 # The package's resolver of a call's objects, named for what it does in generated code.
@@ -108,9 +108,15 @@ def _stream_block_line() -> type:
 
 def _rewritten(line: Any, objects: set[int]) -> Any:
     """``line`` as this module writes it (adding the objects it uses to ``objects``)."""
-    from torch._inductor.codegen.wrapper import EnterCudaStreamContextLine
-    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
+    from torch._inductor.codegen import wrapper
 
+    EnterCudaStreamContextLine = getattr(wrapper, "EnterCudaStreamContextLine", ())
+    DEFAULT_STREAM_IDX = placed_streams.CALLERS_STREAM
+
+    enter, _ = placed_streams.block_lines()
+    if isinstance(line, enter):  # the package's own block (2.11)
+        objects.add(line.index)
+        return line
     if isinstance(line, EnterCudaStreamContextLine):
         number = line.stream_idx
         name = DEFAULT_STREAM if number == DEFAULT_STREAM_IDX else STREAM_NAME.format(number)
@@ -157,15 +163,21 @@ def wrap_codegen(native: Codegen) -> Codegen:
         graph = V.graph
         wrapper: Any = graph.wrapper_code  # its lines: Inductor's objects and our strings
         other_wrapper = graph.cpp_wrapper or getattr(graph, "fx_wrapper", False)
-        if not self._has_multi_stream_nodes() or other_wrapper:
+        streams = _streams(self)
+        if not streams or other_wrapper:
             with inductor_order.flushed_at_syncs(self, nodes):
                 native(self, nodes)
             return
         start = len(wrapper.lines)
-        with _flushed_at_each_stream_switch(self), inductor_order.flushed_at_syncs(self, nodes):
+        placed = _placed_by_inductor(self)
+        blocks = (
+            _flushed_at_each_stream_switch(self)
+            if placed
+            else placed_streams.StreamBlocks(self, wrapper, streams).around_guards()
+        )
+        with blocks, inductor_order.flushed_at_syncs(self, nodes):
             native(self, nodes)
         objects: set[int] = set()
-        streams = self.stream_idx_to_user_obj_idx
         # A partition of the graph is not its whole program: what a record there is read by,
         # or what a wait there is covered by, may be in another partition.
         whole = len(nodes) == len(self.nodes)
@@ -175,6 +187,20 @@ def wrap_codegen(native: Codegen) -> Codegen:
         for line in _IMPORTS:
             if not wrapper.imports.contains(line):
                 wrapper.imports.writeline(line)
-        wrapper.lines[start:start] = definitions(objects, streams)
+        # The package's blocks name their objects; Inductor's name ``streamN``.
+        wrapper.lines[start:start] = definitions(objects, streams if placed else {})
 
     return _codegen
+
+
+def _placed_by_inductor(scheduler: Any) -> bool:
+    """Whether Inductor places each node on its stream itself (2.12+)."""
+    return hasattr(scheduler, "stream_idx_to_user_obj_idx")
+
+
+def _streams(scheduler: Any) -> dict[int, int]:
+    """The side streams a graph's nodes run on, by Inductor's number: its own map (2.12+),
+    else the package's (``placed_streams``); empty for a graph on one stream."""
+    if _placed_by_inductor(scheduler):
+        return scheduler.stream_idx_to_user_obj_idx if scheduler._has_multi_stream_nodes() else {}
+    return placed_streams.numbered(scheduler.nodes)

@@ -24,6 +24,8 @@ from . import (
     inductor_order,
     inductor_streams,
     keyword_args,
+    pattern_streams,
+    placed_streams,
     queries,
     replacements,
     stream_blocks,
@@ -39,6 +41,7 @@ AOT_STREAMS = "torch._functorch._aot_autograd.streams"
 PATTERN_MATCHER = "torch._inductor.pattern_matcher"
 PARTITIONERS = "torch._functorch.partitioners"
 SCHEDULER = "torch._inductor.scheduler"
+LOWERING = "torch._inductor.graph"
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ _WRAP_SYNCS = PatchPoint(
     needs=("_wrap_sync_node",),
 )
 
-# 2.12+ Inductor enters a graph's user streams in its code; CPU code never defined them.
+# Inductor's code for a graph with user streams: its blocks and syncs on the call's objects
+# (2.12+ Inductor enters the streams, and CPU code never defined them; 2.11 the package).
 _STREAM_DEFINITIONS = PatchPoint(
     SCHEDULER,
     "Scheduler._codegen",
@@ -193,13 +197,53 @@ _STREAM_DEFINITIONS = PatchPoint(
     wraps=True,
 )
 
-# 2.12+ Inductor lets work after a wait_event move above it (``patch.inductor_order``).
+# Inductor lets work after a wait_event move above it (``patch.inductor_order``).
 _SYNC_FENCES = PatchPoint(
     SCHEDULER,
     "Scheduler._init",
     inductor_order.wrap_init,
     ("self", "nodes"),
     aliases=False,
+    wraps=True,
+)
+
+# 2.11 Inductor fuses nodes of any streams into one kernel (``patch.placed_streams``).
+_NO_CROSS_STREAM_FUSION = PatchPoint(
+    SCHEDULER,
+    "Scheduler.can_fuse",
+    placed_streams.wrap_can_fuse,
+    ("self", "node1", "node2", "can_reorder", "allow_mix_order_reduction"),
+    aliases=False,
+    wraps=True,
+)
+
+# 2.11 has no control_deps to compute what a sync must follow before it
+# (``patch.inductor_order.wrap_run_node``).
+_REALIZED_BEFORE_SYNCS = PatchPoint(
+    LOWERING,
+    "GraphLowering.run_node",
+    inductor_order.wrap_run_node,
+    ("self", "n"),
+    aliases=False,
+    wraps=True,
+)
+
+# 2.11 Inductor's pattern matcher matches nodes of two streams (``patch.pattern_streams``).
+_NO_CROSS_STREAM_PATTERNS = PatchPoint(
+    PATTERN_MATCHER,
+    "get_mutation_region_id",
+    pattern_streams.wrap_get_mutation_region_id,
+    ("graph", "node"),
+    wraps=True,
+)
+
+_STREAM_OF_REPLACEMENTS = PatchPoint(
+    PATTERN_MATCHER,
+    "ReplacementPatternEntry.replace_with_graph",
+    pattern_streams.wrap_replace_with_graph,
+    ("match", "graph", "replacement_graph", "args"),
+    aliases=False,
+    static=True,
     wraps=True,
 )
 
@@ -248,7 +292,16 @@ _KEYWORDS_BY_TP_METHODS = _handler_points(
 )
 
 POINTS: dict[str, tuple[PatchPoint, ...]] = {
-    "2.11": (*_COMMON, *_QUERY_BY_CALL_METHOD),
+    "2.11": (
+        *_COMMON,
+        _STREAM_DEFINITIONS,
+        _SYNC_FENCES,
+        _NO_CROSS_STREAM_FUSION,
+        _REALIZED_BEFORE_SYNCS,
+        _NO_CROSS_STREAM_PATTERNS,
+        _STREAM_OF_REPLACEMENTS,
+        *_QUERY_BY_CALL_METHOD,
+    ),
     "2.12": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, _SYNC_FENCES, *_QUERY_BY_CALL_METHOD),
     "2.13": (*_COMMON, _WRAP_SYNCS, _STREAM_DEFINITIONS, _SYNC_FENCES, *_QUERY_BY_CALL_METHOD),
     "2.14": (

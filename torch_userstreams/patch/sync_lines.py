@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ..fx.control_deps import SyncCall
 from ..fx.ops import OBJECT_ROLES, SYNC_ROLES, is_sync_op, op_name
+from .placed_streams import CALLERS_STREAM, block_lines
 
 # Where a graph the package's backend compiles as one call carries its ``Judge``
 # (``backends.redundant_syncs.Judgement``, plain data: a graph's meta is pickled into
@@ -75,23 +76,18 @@ def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -
     ``streams`` maps Inductor's stream numbers to table indices. Unchanged where there is
     no judgement, a block enters a stream it cannot name, or a sync's line cannot be read
     as the sync it issues."""
-    from torch._inductor.codegen.wrapper import (
-        EnterCudaStreamContextLine,
-        ExitCudaStreamContextLine,
-    )
-    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
-
     if judgement is None:
         return lines
     steps: list[SyncCall | Work] = []
     written: dict[int, Any] = {}  # each sync step's line, by the step's id
     stream: int | None = None  # the stream the call began on
+    enters, exits = block_kinds()
     for line in lines:
-        if isinstance(line, EnterCudaStreamContextLine):
-            if line.stream_idx != DEFAULT_STREAM_IDX and line.stream_idx not in streams:
+        if isinstance(line, enters):
+            if line.stream_idx != CALLERS_STREAM and line.stream_idx not in streams:
                 return lines
-            stream = None if line.stream_idx == DEFAULT_STREAM_IDX else streams[line.stream_idx]
-        elif isinstance(line, ExitCudaStreamContextLine):
+            stream = None if line.stream_idx == CALLERS_STREAM else streams[line.stream_idx]
+        elif isinstance(line, exits):
             stream = None
         elif not _no_work(line):
             sync = sync_in(line)
@@ -112,21 +108,17 @@ def _joined_blocks(lines: list[Any]) -> list[Any]:
     code, is joined or taken out (there, what holds it keeps other lines); the last block
     Inductor leaves open (a device guard's exit closes it) stays open, and an emptied block
     that stays gets a ``pass``."""
-    from torch._inductor.codegen.wrapper import (
-        EnterCudaStreamContextLine,
-        ExitCudaStreamContextLine,
-    )
-
+    enters, exits = block_kinds()
     # The lines as segments: a block (its enter line, its lines, its exit line or None), or
     # lines outside any block (enter None).
     segments: list[tuple[Any, list[Any], Any]] = []
     for line in lines:
-        if isinstance(line, EnterCudaStreamContextLine):
+        if isinstance(line, enters):
             segments.append((line, [], None))
-        elif isinstance(line, ExitCudaStreamContextLine) and segments and segments[-1][0]:
+        elif isinstance(line, exits) and segments and segments[-1][0]:
             enter, body, _ = segments[-1]
             segments[-1] = (enter, body, line)
-        elif segments and (segments[-1][2] is None or _writes_no_code(line)):
+        elif segments and (segments[-1][2] is None or writes_no_code(line)):
             segments[-1][1].append(line)  # in the open block, or a comment after a block
         else:
             segments.append((None, [line], None))
@@ -137,7 +129,7 @@ def _joined_blocks(lines: list[Any]) -> list[Any]:
             joined.append((enter, body, exit_))
             continue
         after_a_block = last is not None and last[0] is not None and last[2] is not None
-        emptied = all(map(_writes_no_code, body))
+        emptied = all(map(writes_no_code, body))
         if emptied and exit_ is not None and (last is None or after_a_block):
             continue
         if last is not None and after_a_block and _joins(last[0], enter, body):
@@ -156,11 +148,10 @@ def _joins(last: Any, enter: Any, body: list[Any]) -> bool:
     ``default_stream``'s and runs nothing but syncs, frees and checks of an input's size:
     each sync names the streams it acts on, and the others run on the host alone."""
     from torch._inductor.codegen.wrapper import FreeIfNotReusedLine, FreeLine
-    from torch._inductor.stream_constants import DEFAULT_STREAM_IDX
 
     if last.stream_idx == enter.stream_idx:
         return True
-    if enter.stream_idx != DEFAULT_STREAM_IDX:
+    if enter.stream_idx != CALLERS_STREAM:
         return False
     host_only = (FreeLine, FreeIfNotReusedLine)
     return all(
@@ -168,7 +159,18 @@ def _joins(last: Any, enter: Any, body: list[Any]) -> bool:
     )
 
 
-def _writes_no_code(line: Any) -> bool:
+def block_kinds() -> tuple[Any, Any]:
+    """The wrapper lines that enter a stream block, and those that leave one: Inductor's
+    own (2.12+) and the package's (2.11, ``placed_streams``)."""
+    from torch._inductor.codegen import wrapper
+
+    enter, leave = block_lines()
+    if not hasattr(wrapper, "EnterCudaStreamContextLine"):
+        return (enter,), (leave,)
+    return (wrapper.EnterCudaStreamContextLine, enter), (wrapper.ExitCudaStreamContextLine, leave)
+
+
+def writes_no_code(line: Any) -> bool:
     """Whether ``line`` writes no statement: a comment, a marker of where a node's code
     starts, or the definitions of the unbacked sizes of an operation that has none."""
     from torch._inductor.codegen.wrapper import CommentLine, UnbackedSymbolDefsLine
@@ -184,6 +186,8 @@ def _writes_no_code(line: Any) -> bool:
 def _no_work(line: Any) -> bool:
     """Whether ``line`` runs nothing on a stream: it writes no statement, or it is the
     host's check of an input's size and strides."""
-    from torch._inductor.codegen.wrapper import AssertSizeStrideLine
+    from torch._inductor.codegen import wrapper
 
-    return _writes_no_code(line) or isinstance(line, AssertSizeStrideLine)
+    # (2.11 writes these checks before the lines, not among them.)
+    checks = getattr(wrapper, "AssertSizeStrideLine", ())
+    return writes_no_code(line) or isinstance(line, checks)

@@ -1,0 +1,185 @@
+"""Inductor 2.11 runs every kernel of a graph on one stream; while installed, the package
+places each node of a graph with user streams on its stream, as Inductor 2.12+ does itself.
+
+* A node's stream is the annotation of the FX node whose lowering made its buffer (its
+  ``origin_node``; else the last of its origins in graph order). A pointwise value Inductor
+  computes inside the kernel of a later node that reads it runs where that reader runs, as
+  on 2.12+ (``backends.reuse_syncs`` pins what a record must cover).
+* No two nodes of different streams are fused into one kernel (``wrap_can_fuse``).
+* The code enters a stream's block before a node of another stream than the one open
+  (``StreamBlocks``), with what the scheduler gathered flushed first. A block is left
+  before a device guard is entered or left, and entered again inside or after it, so the
+  two nest; 2.11 writes ``get_raw_stream`` before each kernel it launches, so a kernel
+  inside a block launches on the block's stream. A sync, or a node that runs nothing,
+  stays in the block open: a sync names the streams it acts on.
+
+Each block is a line of this module's (``EnterBlockLine``, ``ExitBlockLine``), numbered
+as Inductor 2.12+ numbers its own (0 the stream the call began on, 1, 2... each side
+stream in order of first use), so ``patch.inductor_streams`` and ``patch.sync_lines`` read
+and rewrite 2.11's code as they do 2.12's. A block writes ``with user_objectN:``, the
+name ``inductor_streams`` defines for table index N: 2.11 names a device's raw stream
+``streamN`` (device N), which a block named so would be overwritten by.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..fx.meta import stream_of
+from ..originals import carries, shadowed
+from .inductor_order import is_sync
+
+CanFuse = Callable[..., bool]
+# Inductor's number for the stream the call began on (``stream_constants``, 2.12+).
+CALLERS_STREAM = 0
+
+
+def stream_index(node: Any) -> int | None:
+    """The table index of the stream a scheduler node runs on (None: the stream the call
+    began on); a fused node's parts share one (``wrap_can_fuse``)."""
+    for part in node.get_nodes():
+        operation = getattr(part, "node", None)
+        if operation is None:
+            continue
+        origin = getattr(operation, "origin_node", None)
+        if origin is None:
+            origins = operation.get_origins()
+            origin = max(origins) if origins else None
+        if origin is not None:
+            return stream_of(origin)
+    return None
+
+
+def runs_nothing(node: Any) -> bool:
+    """Whether a scheduler node launches no work of its own on a stream: a sync (it names
+    the streams it acts on) or a node Inductor writes no kernel for."""
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    return isinstance(node, NopKernelSchedulerNode) or is_sync(getattr(node, "node", None))
+
+
+def numbered(nodes: list[Any]) -> dict[int, int]:
+    """Inductor's numbering of the side streams ``nodes`` run on: number -> table index."""
+    numbers: dict[int, int] = {}
+    for node in nodes:
+        index = stream_index(node)
+        if index is not None and not runs_nothing(node) and index not in numbers.values():
+            numbers[len(numbers) + 1] = index
+    return numbers
+
+
+def wrap_can_fuse(native: CanFuse) -> CanFuse:
+    """The replacement of ``Scheduler.can_fuse``: two nodes of different streams are not
+    fused (a kernel runs on one stream)."""
+
+    @carries(native)
+    def can_fuse(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> bool:
+        if stream_index(node1) != stream_index(node2):
+            return False
+        return native(self, node1, node2, *args, **kwargs)
+
+    return can_fuse
+
+
+@functools.cache
+def block_lines() -> tuple[Any, Any]:
+    """The wrapper lines that enter and leave a stream's block on 2.11."""
+    from torch._inductor.codegen.wrapper import WrapperLine
+
+    from .inductor_streams import OBJECT_NAME
+
+    @dataclasses.dataclass
+    class EnterBlockLine(WrapperLine):
+        stream_idx: int
+        index: int  # the stream's table index
+
+        def codegen(self, code: Any) -> None:
+            code.writeline(f"with {OBJECT_NAME.format(self.index)}:")
+            code.do_indent()
+
+    @dataclasses.dataclass
+    class ExitBlockLine(WrapperLine):
+        def codegen(self, code: Any) -> None:
+            code.do_unindent()
+
+    return EnterBlockLine, ExitBlockLine
+
+
+class StreamBlocks:
+    """The stream blocks of one graph's code as the scheduler writes it (module docstring)."""
+
+    def __init__(self, scheduler: Any, wrapper: Any, numbers: dict[int, int]) -> None:
+        self.scheduler = scheduler
+        self.wrapper = wrapper
+        self.number_of = {index: number for number, index in numbers.items()}
+        self.open: int | None = None  # the table index of the block open
+        self.entered_at = 0  # where its enter line is in the wrapper's lines
+
+    def before(self, node: Any) -> None:
+        if runs_nothing(node):
+            return
+        index = stream_index(node)
+        if index != self.open:
+            self.scheduler.flush()
+            self.leave()
+            self.enter(index)
+
+    def enter(self, index: int | None) -> None:
+        if index is not None:
+            enter, _ = block_lines()
+            self.entered_at = len(self.wrapper.lines)
+            self.wrapper.writeline(enter(self.number_of[index], index))
+        self.open = index
+
+    def leave(self) -> None:
+        """Close the block open; a block that wrote no code is taken out instead."""
+        if self.open is None:
+            return
+        from .sync_lines import writes_no_code
+
+        _, leave = block_lines()
+        lines = self.wrapper.lines
+        if all(map(writes_no_code, lines[self.entered_at + 1 :])):
+            del lines[self.entered_at]
+        else:
+            lines.append(leave())
+        self.open = None
+
+    @contextlib.contextmanager
+    def around_guards(self) -> Iterator[None]:
+        """While the scheduler writes its code: each device guard entered and left outside
+        a block, the block open entered again after it."""
+        native_enter = self.wrapper.codegen_device_guard_enter
+        native_exit = self.wrapper.codegen_device_guard_exit
+        native_context = self.scheduler.enter_context
+
+        def guarded(native: Callable[..., None]) -> Callable[..., None]:
+            def write(*args: Any) -> None:
+                index = self.open
+                self.leave()
+                native(*args)
+                self.enter(index)
+
+            return write
+
+        def enter_context(node: Any) -> None:
+            self.before(node)
+            native_context(node)
+
+        with (
+            shadowed(
+                self.wrapper,
+                {
+                    "codegen_device_guard_enter": guarded(native_enter),
+                    "codegen_device_guard_exit": guarded(native_exit),
+                },
+            ),
+            shadowed(self.scheduler, {"enter_context": enter_context}),
+        ):
+            yield
+            self.scheduler.flush()
+            self.leave()
