@@ -189,3 +189,27 @@ def test_no_live_objects_accumulate_over_1000_steps() -> None:
         compiled(x, w).backward()
     torch.cuda.synchronize()
     assert live_user_objects() - before == 0
+
+
+def test_one_call_launches_each_kernel_on_its_stream() -> None:
+    """The one call on a GPU: a side stream's kernel is launched inside that stream's block,
+    which is inside the device guard (on 2.11 the package writes the blocks, and a kernel
+    launches on the raw stream fetched where it is called: ``patch.placed_streams``), and
+    forward and backward values are eager's."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    x, w = leaves(5)
+    compiled = torch.compile(side_stream_step, backend="userstreams")
+    out, code = run_and_get_code(lambda: compiled(x, w))
+    out.backward()
+    torch.testing.assert_close([x.grad, w.grad], eager_grads(side_stream_step, *leaves(5)))
+    forward = code[0][code[0].index("def call(") :]
+    guard = re.search(r"\n( +)with torch\.cuda\._DeviceGuard\(\d+\):\n", forward)
+    assert guard, forward
+    block = re.search(r"\n( +)with (stream[1-9]\d*|user_object\d+):\n", forward[guard.end() :])
+    assert block and len(block.group(1)) > len(guard.group(1)), forward
+    inside = forward[guard.end() + block.end() :].split("\n")
+    body = [line for line in inside if line.startswith(block.group(1) + "    ")]
+    assert any("stream=" in line or "get_raw_stream" in line for line in body), forward

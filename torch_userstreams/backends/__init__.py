@@ -1,10 +1,10 @@
 """``torch.compile`` backends that use the package, registered by name via entry points.
 
 * ``userstreams``: Inductor, with the package's table, prologue and passes; a graph that
-  uses streams is compiled as one call that runs each node on its stream (torch 2.12+; on
-  CPU without its syncs, which program order meets), or region by region, each region run
-  on its own stream (torch 2.11, or asked with ``options={"userstreams.one_call": False}``;
-  ``inductor_regions``; on CPU one Inductor graph without its streams and syncs).
+  uses streams is compiled as one call that runs each node on its stream (on CPU without
+  its syncs, which program order meets), or, asked with
+  ``options={"userstreams.one_call": False}``, region by region, each region run on its own
+  stream (``inductor_regions``; on CPU one Inductor graph without its streams and syncs).
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``executor``) — for debugging stream programs.
 
@@ -104,8 +104,8 @@ def userstreams_backend(
     options: dict[str, Any] | None = None,
 ) -> Any:
     """Inductor with torch_userstreams installed: each forward and backward graph with
-    streams is compiled as one call on torch 2.12+, or region by region (torch 2.11, or
-    ``options={"userstreams.one_call": False}``; ``inductor_regions``). The other
+    streams is compiled as one call, or region by region where
+    ``options={"userstreams.one_call": False}`` asks (``inductor_regions``). The other
     ``mode`` and ``options`` (``torch.compile``'s) are Inductor's, for the forward and the
     backward. ``on_graph`` (for ``testing.capture``) sees each forward and backward graph
     before it is compiled."""

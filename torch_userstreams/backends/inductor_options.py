@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import UnsupportedPathError
 
-# The package's own option: compile each graph with streams as one call (True, the default;
-# torch 2.12+) or as regions (False; always on 2.11).
+# The package's own option: compile each graph with streams as one call (True, the default)
+# or as regions (False).
 ONE_CALL_OPTION = "userstreams.one_call"
 
 
@@ -31,7 +31,7 @@ def package_options(options: dict[str, Any] | None) -> tuple[bool, dict[str, Any
         raise UnsupportedPathError(
             f"torch_userstreams: option {ONE_CALL_OPTION!r} is True or False, got "
             f"{one_call!r}: True (the default) compiles each graph with streams as one "
-            f"Inductor call (torch 2.12+), options={{{ONE_CALL_OPTION!r}: False}} as regions."
+            f"Inductor call, options={{{ONE_CALL_OPTION!r}: False}} as regions."
         )
     return one_call, {key: value for key, value in options.items() if key != ONE_CALL_OPTION}
 

@@ -4,9 +4,9 @@ AOTAutograd's graphs (after the package's passes and the partitioner) reach it w
 node's stream annotated and every sync in place. It compiles:
 
 * a graph with no stream annotation and no sync: as is;
-* where Inductor runs each node of a graph on its own stream (torch 2.12+), by default: as
-  **one compiled call** (``whole``), on an accelerator and on CPU alike. Inductor places
-  each node on its stream; while the package is installed its scheduler keeps every sync
+* by default: as **one compiled call** (``whole``), on an accelerator and on CPU alike.
+  Inductor 2.12+ places each node on its stream (on 2.11 the package does,
+  ``patch.placed_streams``); while the package is installed its scheduler keeps every sync
   where the graph put it (``patch.inductor_order``) and its code resolves the call's
   objects once and issues each sync as their method (``patch.inductor_streams``). A graph
   whose streams and events are all CPU objects goes without its syncs: a CPU stream runs
@@ -14,8 +14,8 @@ node's stream annotated and every sync in place. It compiles:
   already satisfied when it would be issued (and native CPU events cannot record). A
   graph that would meet one of Inductor's own failures stays regions (``stays_regions``);
 * otherwise, a CPU graph: as one graph without its streams and syncs (exact, as above);
-* otherwise (torch 2.11, whose Inductor runs every kernel on one stream, or asked with
-  ``options={"userstreams.one_call": False}``): split into regions of one stream each
+* otherwise (asked with ``options={"userstreams.one_call": False}``, or a graph Inductor
+  fails on whole): split into regions of one stream each
   (``regions.split``); each region is compiled by Inductor on its own, except one of a
   single kernel, which runs as its graph (``regions.at_most_one_kernel``); at run time the
   host enters each region's stream (resolved from the call's binding; a region of views
