@@ -205,3 +205,58 @@ def test_a_nodes_stream_is_that_of_the_fx_node_that_made_its_buffer() -> None:
     assert stream_index(SchedulerNode(Operation(first, {first, second}))) == 2
     assert stream_index(SchedulerNode(Operation(None, {first, second}))) == 5
     assert stream_index(SchedulerNode(Operation(None, set()))) is None
+
+
+def _annotated_graph() -> tuple[torch.fx.Graph, list[torch.fx.Node]]:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    mm = graph.call_function(torch.mm, (x, x))
+    add = graph.call_function(torch.add, (mm, x))
+    graph.output(add)
+    return graph, [mm, add]
+
+
+def test_a_pattern_never_matches_nodes_of_two_streams() -> None:
+    """2.11 discards a match whose nodes' mutation regions differ: the region now names
+    the node's stream too (``patch.pattern_streams``)."""
+    from torch_userstreams.patch.pattern_streams import wrap_get_mutation_region_id
+
+    graph, (mm, add) = _annotated_graph()
+    region = wrap_get_mutation_region_id(lambda graph, node: 0)
+    assert region(graph, mm) == region(graph, add)
+    mm.meta["custom"] = {"stream": 3}
+    assert region(graph, mm) != region(graph, add)
+    add.meta["custom"] = {"stream": 3}
+    assert region(graph, mm) == region(graph, add)
+
+
+@pytest.mark.parametrize("streams", [(3, 3), (3, None), (None, None)])
+def test_a_replacement_runs_on_the_stream_of_what_it_replaces(
+    streams: tuple[int | None, int | None],
+) -> None:
+    """The demo's backward ``mm`` and ``add`` on a side stream became an ``addmm`` with no
+    annotation, on the current stream; now it keeps the side stream (a match of mixed
+    streams, which the region check discards, is left as it is)."""
+    from torch_userstreams.fx.meta import stream_of
+    from torch_userstreams.patch.pattern_streams import wrap_replace_with_graph
+
+    graph, matched = _annotated_graph()
+    for node, stream in zip(matched, streams, strict=True):
+        if stream is not None:
+            node.meta["custom"] = {"stream": stream}
+
+    def native(match: Any, graph: torch.fx.Graph, replacement: Any, args: Any) -> None:
+        mm, add = match.nodes
+        with graph.inserting_before(add):
+            addmm = graph.call_function(torch.addmm, (args[0], args[0], args[0]))
+        add.replace_all_uses_with(addmm)
+        graph.erase_node(add)
+        graph.erase_node(mm)
+
+    @dataclasses.dataclass
+    class Match:
+        nodes: list[torch.fx.Node]
+
+    wrap_replace_with_graph(native)(Match(matched), graph, None, [next(iter(graph.nodes))])
+    (addmm,) = graph.find_nodes(op="call_function", target=torch.addmm)
+    assert stream_of(addmm) == (3 if streams == (3, 3) else None)

@@ -46,11 +46,12 @@ def wrap_replace_with_graph(native: Replace) -> Replace:
     @carries(native)
     def replace_with_graph(match: Any, graph: torch.fx.Graph, *args: Any, **kwargs: Any) -> None:
         streams = {stream_of(node) for node in match.nodes}
+        (stream,) = streams if len(streams) == 1 else (None,)
+        if stream is None:  # nothing to place (a graph without streams pays nothing more)
+            native(match, graph, *args, **kwargs)
+            return
         before = set(graph.nodes)
         native(match, graph, *args, **kwargs)
-        (stream,) = streams if len(streams) == 1 else (None,)
-        if stream is None:
-            return
         for node in graph.nodes:
             if node not in before and node.op == "call_function" and stream_of(node) is None:
                 set_stream(node, stream)
