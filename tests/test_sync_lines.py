@@ -107,7 +107,7 @@ def kind(request: pytest.FixtureRequest) -> tuple[type, type]:
     ``sync_lines`` reads alike."""
     from torch._inductor.codegen import wrapper
 
-    from torch_userstreams.patch.placed_streams import block_lines
+    from torch_userstreams.patch.wrapper_lines import block_lines
 
     if request.param == "package":
         return block_lines()

@@ -45,6 +45,7 @@ from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, op_name
 from ..originals import carries, shadowed
 from . import inductor_order, placed_streams, sync_lines
 from .sync_lines import JUDGEMENT
+from .wrapper_lines import CALLERS_STREAM, OBJECT_NAME, block_lines
 
 # The package's resolver of a call's objects, named for what it does in generated code.
 LOOKUP = "lookup_user_objects"
@@ -55,8 +56,6 @@ _IMPORTS = (
 # Inductor's own names (``torch._inductor.stream_constants``), the same in 2.12-2.15.
 DEFAULT_STREAM = "default_stream"
 STREAM_NAME = "stream{}"
-# Inductor names no value so (its unbacked sizes are ``u0``, ``u1``...).
-OBJECT_NAME = "user_object{}"
 
 Codegen = Callable[[Any, list[Any]], None]
 
@@ -111,9 +110,9 @@ def _rewritten(line: Any, objects: set[int]) -> Any:
     from torch._inductor.codegen import wrapper
 
     EnterCudaStreamContextLine = getattr(wrapper, "EnterCudaStreamContextLine", ())
-    DEFAULT_STREAM_IDX = placed_streams.CALLERS_STREAM
+    DEFAULT_STREAM_IDX = CALLERS_STREAM
 
-    enter, _ = placed_streams.block_lines()
+    enter, _ = block_lines()
     if isinstance(line, enter):  # the package's own block (2.11)
         objects.add(line.index)
         return line

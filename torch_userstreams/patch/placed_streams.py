@@ -4,7 +4,8 @@ places each node of a graph with user streams on its stream, as Inductor 2.12+ d
 * A node's stream is the annotation of the FX node whose lowering made its buffer (its
   ``origin_node``; else the last of its origins in graph order). A pointwise value Inductor
   computes inside the kernel of a later node that reads it runs where that reader runs, as
-  on 2.12+ (``backends.reuse_syncs`` pins what a record must cover).
+  on 2.12+; what a sync must follow, and a value another stream reads, is computed first
+  (``inductor_order.wrap_run_node``).
 * No two nodes of different streams are fused into one kernel (``wrap_can_fuse``).
 * The code enters a stream's block before a node of another stream than the one open
   (``StreamBlocks``), with what the scheduler gathered flushed first. A block is left
@@ -13,7 +14,7 @@ places each node of a graph with user streams on its stream, as Inductor 2.12+ d
   inside a block launches on the block's stream. A sync, or a node that runs nothing,
   stays in the block open: a sync names the streams it acts on.
 
-Each block is a line of this module's (``EnterBlockLine``, ``ExitBlockLine``), numbered
+Each block is a line of the package's (``wrapper_lines.block_lines``), numbered
 as Inductor 2.12+ numbers its own (0 the stream the call began on, 1, 2... each side
 stream in order of first use), so ``patch.inductor_streams`` and ``patch.sync_lines`` read
 and rewrite 2.11's code as they do 2.12's. A block writes ``with user_objectN:``, the
@@ -24,18 +25,15 @@ name ``inductor_streams`` defines for table index N: 2.11 names a device's raw s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..fx.meta import stream_of
 from ..originals import carries, shadowed
 from .inductor_order import is_sync
+from .wrapper_lines import block_lines, writes_no_code
 
 CanFuse = Callable[..., bool]
-# Inductor's number for the stream the call began on (``stream_constants``, 2.12+).
-CALLERS_STREAM = 0
 
 
 def stream_index(node: Any) -> int | None:
@@ -85,30 +83,6 @@ def wrap_can_fuse(native: CanFuse) -> CanFuse:
     return can_fuse
 
 
-@functools.cache
-def block_lines() -> tuple[Any, Any]:
-    """The wrapper lines that enter and leave a stream's block on 2.11."""
-    from torch._inductor.codegen.wrapper import WrapperLine
-
-    from .inductor_streams import OBJECT_NAME
-
-    @dataclasses.dataclass
-    class EnterBlockLine(WrapperLine):
-        stream_idx: int
-        index: int  # the stream's table index
-
-        def codegen(self, code: Any) -> None:
-            code.writeline(f"with {OBJECT_NAME.format(self.index)}:")
-            code.do_indent()
-
-    @dataclasses.dataclass
-    class ExitBlockLine(WrapperLine):
-        def codegen(self, code: Any) -> None:
-            code.do_unindent()
-
-    return EnterBlockLine, ExitBlockLine
-
-
 class StreamBlocks:
     """The stream blocks of one graph's code as the scheduler writes it (module docstring)."""
 
@@ -139,8 +113,6 @@ class StreamBlocks:
         """Close the block open; a block that wrote no code is taken out instead."""
         if self.open is None:
             return
-        from .sync_lines import writes_no_code
-
         _, leave = block_lines()
         lines = self.wrapper.lines
         if all(map(writes_no_code, lines[self.entered_at + 1 :])):

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..fx.control_deps import SyncCall
 from ..fx.ops import OBJECT_ROLES, SYNC_ROLES, is_sync_op, op_name
-from .placed_streams import CALLERS_STREAM, block_lines
+from .wrapper_lines import CALLERS_STREAM, block_kinds, writes_no_code
 
 # Where a graph the package's backend compiles as one call carries its ``Judge``
 # (``backends.redundant_syncs.Judgement``, plain data: a graph's meta is pickled into
@@ -157,30 +157,6 @@ def _joins(last: Any, enter: Any, body: list[Any]) -> bool:
     return all(
         _no_work(line) or isinstance(line, host_only) or sync_in(line) is not None for line in body
     )
-
-
-def block_kinds() -> tuple[Any, Any]:
-    """The wrapper lines that enter a stream block, and those that leave one: Inductor's
-    own (2.12+) and the package's (2.11, ``placed_streams``)."""
-    from torch._inductor.codegen import wrapper
-
-    enter, leave = block_lines()
-    if not hasattr(wrapper, "EnterCudaStreamContextLine"):
-        return (enter,), (leave,)
-    return (wrapper.EnterCudaStreamContextLine, enter), (wrapper.ExitCudaStreamContextLine, leave)
-
-
-def writes_no_code(line: Any) -> bool:
-    """Whether ``line`` writes no statement: a comment, a marker of where a node's code
-    starts, or the definitions of the unbacked sizes of an operation that has none."""
-    from torch._inductor.codegen.wrapper import CommentLine, UnbackedSymbolDefsLine
-    from torch._inductor.utils import LineContext
-
-    if isinstance(line, str):
-        return not line.strip() or line.lstrip().startswith("#")
-    if isinstance(line, UnbackedSymbolDefsLine):
-        return not line.unbacked_bindings
-    return isinstance(line, (CommentLine, LineContext))
 
 
 def _no_work(line: Any) -> bool:
