@@ -170,11 +170,22 @@ def test_side_streams_are_numbered_in_order_of_first_use(
     assert placed_streams.numbered(nodes) == {1: 7, 2: 4}  # type: ignore[arg-type]
 
 
-def test_nodes_of_two_streams_are_never_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("placed", [True, False])
+def test_nodes_of_two_streams_are_never_fused(
+    placed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a graph the package places; native ``backend="inductor"``'s graphs keep 2.11's one
+    stream, and its fusion."""
+    from types import SimpleNamespace
+
+    from torch._inductor.virtualized import V
+
     monkeypatch.setattr(placed_streams, "stream_index", lambda node: node.stream)
     can_fuse = placed_streams.wrap_can_fuse(lambda self, a, b, *rest: True)
-    assert not can_fuse(None, _Node("a", 3), _Node("b", None))
-    assert can_fuse(None, _Node("a", 3), _Node("b", 3))
+    graph = SimpleNamespace(module=SimpleNamespace(meta={placed_streams.PLACED: placed}))
+    with V.set_graph_handler(graph):  # type: ignore[arg-type]
+        assert can_fuse(None, _Node("a", 3), _Node("b", None)) is not placed
+        assert can_fuse(None, _Node("a", 3), _Node("b", 3))
 
 
 def test_a_nodes_stream_is_that_of_the_fx_node_that_made_its_buffer() -> None:

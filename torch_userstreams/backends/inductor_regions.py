@@ -46,6 +46,7 @@ from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..observe import part_of_a_program
 from ..passes import sync_inference_graph_in_backend
+from ..patch.placed_streams import PLACED
 from ..patch.sync_lines import JUDGEMENT
 from ..run.issue_syncs import issuer
 from ..run.plan import Program, Ref, Step
@@ -90,12 +91,16 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 # race detector on a generated program). A graph compiled as one call reuses no buffer, on
 # every release (memory for correctness; 2.12 renames nothing, untested without it), except
 # on CPU, where every kernel runs on the host in program order.
-NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False}
+# Memory planning (inference graphs) pools buffers by their lifetimes in program order,
+# whatever their streams.
+NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False, "memory_planning": False}
 
-# Inductor's post-grad pass that moves each value down to its first reader moves work past
-# the syncs after it where nothing ties the two (``control_deps`` does, on 2.12+): on 2.11 a
-# side stream's ``x * x`` went below the wait that orders another stream after it.
-IN_GRAPH_ORDER = {"reorder_for_locality": False}
+# A graph the package places on its streams (torch 2.11, ``patch.placed_streams``): Inductor's
+# post-grad pass that moves each value down to its first reader moves work past the syncs
+# after it where nothing ties the two (``control_deps`` does, on 2.12+): a side stream's
+# ``x * x`` went below the wait that orders another stream after it. Combo kernels group
+# nodes by device alone, into one kernel on one stream.
+PLACED_CONFIG = {"reorder_for_locality": False, "combo_kernels": False}
 
 # What each graph with stream work has had done before its region split, by the passes that
 # run on every such graph the backend compiles (``reuse_syncs.PASS``, then
@@ -129,8 +134,9 @@ class StreamRegionsCompiler:
             sync_inference_graph_in_backend(gm)
         streams = has_stream_work(gm)
         whole = streams and self.one_call and not stays_regions(gm)
-        # The package writes a CPU graph's stream blocks into Python wrapper code only.
-        whole = whole and not (self.cpu and _not_python_wrapper())
+        # The package writes a CPU graph's stream blocks, and 2.11's, into Python wrapper
+        # code only (2.12+ Inductor writes its own into C++ wrapper code on a GPU).
+        whole = whole and not (_not_python_wrapper() and (self.cpu or not inductor_runs_streams()))
         stripped = streams and self.cpu and not whole
         if streams and not stripped:
             mark_graph_phase(gm, backward=bool(kwargs.get("is_backward")))
@@ -190,8 +196,10 @@ class StreamRegionsCompiler:
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
         # A CPU graph has no sync left, nor a ``control_deps`` to pin one.
         reuse = {} if self.cpu else {**NO_BUFFER_REUSE, **control_deps_cached()}
-        order = {} if inductor_runs_streams() else IN_GRAPH_ORDER
-        with keyed_by_streams(gm), inductor_config.patch({**reuse, **order, **resync}):
+        placed = {} if inductor_runs_streams() else PLACED_CONFIG
+        if not inductor_runs_streams():
+            gm.meta[PLACED] = True  # (``patch.placed_streams``)
+        with keyed_by_streams(gm), inductor_config.patch({**reuse, **placed, **resync}):
             return self.compile_region(gm, example_inputs, **whole_kwargs)
 
     def _resync_after(self, gm: torch.fx.GraphModule) -> Any:

@@ -18,15 +18,17 @@ Inductor's C++ backend then gathers consecutive nodes into one kernel and writes
 when it is flushed, while it writes a sync at once: ``x * 3`` before a record and its
 ``.cos()`` after a wait became one kernel called after the wait, with its input freed
 before it (``UnboundLocalError``). Each sync flushes what was gathered before it
-(``flushed_at_syncs``), as Inductor does at a device guard.
+(``flushed_at_syncs``), as Inductor does at a device guard: the kernel, not the frees
+(2.11 freed a ``sync_dealloc``'s own buffer before it, in a graph its code left on one
+stream).
 
 Inductor computes a pointwise value where a later node reads it. 2.12+ computes the values a
 sync is wrapped to follow (``control_deps``) before it, and a value read on another stream on
-its own; torch 2.11 does neither, so there, while installed, every value lowered before a
-sync that a node after it reads is computed into a buffer before the sync is lowered, and a
-value is computed on its own stream before a node of another stream reads it
-(``wrap_run_node``): what the graph does before a sync runs before it, on the stream the
-user put it on, as in a region.
+its own; torch 2.11 does neither, so there, in a graph the package places on its streams
+(``placed_streams``), every value lowered before a sync that a node after it reads is
+computed into a buffer before the sync is lowered, and a value is computed on its own stream
+before a node of another stream reads it (``wrap_run_node``): what the graph does before a
+sync runs before it, on the stream the user put it on, as in a region.
 """
 
 from __future__ import annotations
@@ -103,7 +105,10 @@ def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
 
     def codegen_extern_call(node: Any) -> None:
         if is_sync(node.node):
-            scheduler.flush()
+            # The kernel, not the frees: the sync's own operands (a ``sync_dealloc``'s
+            # buffer) are among the buffers the scheduler frees at its next flush.
+            for backend in scheduler.backends.values():
+                backend.flush()
         native(node)
 
     with shadowed(scheduler, {"codegen_extern_call": codegen_extern_call}):
@@ -111,12 +116,17 @@ def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
 
 
 def wrap_run_node(native: RunNode) -> RunNode:
-    """The replacement of ``GraphLowering.run_node`` (2.11): before a sync is lowered, each
-    value lowered before it that a later node reads is realized; before any other node, each
-    value it reads that another stream made (module docstring)."""
+    """The replacement of ``GraphLowering.run_node`` (2.11, a graph the package places on its
+    streams, ``placed_streams.PLACED``): before a sync is lowered, each value lowered before
+    it that a later node reads is realized; before any other node, each value it reads that
+    another stream made (module docstring)."""
+
+    from .placed_streams import placing
 
     @carries(native)
     def run_node(self: Any, n: Any) -> Any:
+        if not placing(self.module):
+            return native(self, n)
         if is_sync_op(getattr(n, "target", None)):
             _realize_what_later_nodes_read(self.env)
         elif n.op == "call_function":

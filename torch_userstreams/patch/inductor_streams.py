@@ -199,7 +199,12 @@ def _placed_by_inductor(scheduler: Any) -> bool:
 
 def _streams(scheduler: Any) -> dict[int, int]:
     """The side streams a graph's nodes run on, by Inductor's number: its own map (2.12+),
-    else the package's (``placed_streams``); empty for a graph on one stream."""
+    else the package's (``placed_streams``, for a graph it places); empty for a graph on one
+    stream."""
+    from torch._inductor.virtualized import V
+
     if _placed_by_inductor(scheduler):
         return scheduler.stream_idx_to_user_obj_idx if scheduler._has_multi_stream_nodes() else {}
+    if not placed_streams.placing(V.graph.module):
+        return {}
     return placed_streams.numbered(scheduler.nodes)

@@ -1,5 +1,6 @@
 """Inductor 2.11 runs every kernel of a graph on one stream; while installed, the package
-places each node of a graph with user streams on its stream, as Inductor 2.12+ does itself.
+places each node of a graph with user streams its backend compiles as one call on its
+stream (``PLACED``), as Inductor 2.12+ does itself.
 
 * A node's stream is the annotation of the FX node whose lowering made its buffer (its
   ``origin_node``; else the last of its origins in graph order). A pointwise value Inductor
@@ -34,6 +35,16 @@ from .inductor_order import is_sync
 from .wrapper_lines import block_lines, writes_no_code
 
 CanFuse = Callable[..., bool]
+# Set in the meta of a graph the package's backend compiles as one call on 2.11: only such a
+# graph is placed on its streams, under the config that keeps them apart (no buffer reuse,
+# no reordering for locality, ``backends.inductor_regions``). Native ``backend="inductor"``
+# keeps 2.11's one stream, where its buffer reuse and reordering are safe.
+PLACED = "torch_userstreams.placed_streams"
+
+
+def placing(module: Any) -> bool:
+    """Whether the package places the nodes of ``module``, the graph Inductor lowers."""
+    return bool(getattr(module, "meta", {}).get(PLACED))
 
 
 def stream_index(node: Any) -> int | None:
@@ -76,7 +87,9 @@ def wrap_can_fuse(native: CanFuse) -> CanFuse:
 
     @carries(native)
     def can_fuse(self: Any, node1: Any, node2: Any, *args: Any, **kwargs: Any) -> bool:
-        if stream_index(node1) != stream_index(node2):
+        from torch._inductor.virtualized import V
+
+        if placing(V.graph.module) and stream_index(node1) != stream_index(node2):
             return False
         return native(self, node1, node2, *args, **kwargs)
 
