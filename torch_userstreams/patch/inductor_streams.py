@@ -109,16 +109,14 @@ def _rewritten(line: Any, objects: set[int]) -> Any:
     """``line`` as this module writes it (adding the objects it uses to ``objects``)."""
     from torch._inductor.codegen import wrapper
 
-    EnterCudaStreamContextLine = getattr(wrapper, "EnterCudaStreamContextLine", ())
-    DEFAULT_STREAM_IDX = CALLERS_STREAM
-
     enter, _ = block_lines()
     if isinstance(line, enter):  # the package's own block (2.11)
         objects.add(line.index)
         return line
-    if isinstance(line, EnterCudaStreamContextLine):
+    upstream: Any = getattr(wrapper, "EnterCudaStreamContextLine", ())  # 2.12+
+    if isinstance(line, upstream):
         number = line.stream_idx
-        name = DEFAULT_STREAM if number == DEFAULT_STREAM_IDX else STREAM_NAME.format(number)
+        name = DEFAULT_STREAM if number == CALLERS_STREAM else STREAM_NAME.format(number)
         return _stream_block_line()(name)
     direct = sync_as_method(line)
     if direct is None:
