@@ -213,6 +213,21 @@ def test_a_data_dependent_size_falls_back_to_regions() -> None:
     assert not any(ONE_CALL_CODE in module for module in code), code
 
 
+def _clone_between_streams_raced() -> tuple[RaceReport, str]:
+    """``made`` on s0, cloned on s2 and read there (``no_op_between_streams``), compiled with
+    ``userstreams`` and run under the race detector; values checked against eager."""
+    from test_accelerator_regions import no_op_between_streams
+
+    program = no_op_between_streams(torch.clone, read_on_third=False)
+    x = torch.randn(4, 6)
+    streams = [FakeAcceleratorStream() for _ in range(3)]
+    compiled = torch.compile(program, backend="userstreams")
+    with detect_races() as report:
+        (out,), [code] = run_and_get_code(compiled, x, *streams)
+    torch.testing.assert_close(out, program(x, *streams)[0])
+    return report, code
+
+
 @pytest.mark.usefixtures("gpu_like")
 @pytest.mark.parametrize(
     ("pinned", "after_inductor", "race_free"),
@@ -228,8 +243,6 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     read it. Each guard alone keeps the read before the record: the record pinned after
     the read (``control_deps``; on 2.11, every value computed before each sync), or the
     re-sync after Inductor's passes."""
-    from test_accelerator_regions import no_op_between_streams
-
     from torch_userstreams.backends import reuse_syncs
 
     if not pinned:
@@ -239,13 +252,7 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
         monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
     if not after_inductor:
         monkeypatch.setattr(reuse_syncs, "resync_after_post_grad", lambda gm, table, user: user)
-    program = no_op_between_streams(torch.clone, read_on_third=False)
-    x = torch.randn(4, 6)
-    streams = [FakeAcceleratorStream() for _ in range(3)]
-    compiled = torch.compile(program, backend="userstreams")
-    with detect_races() as report:
-        (out,), [code] = run_and_get_code(compiled, x, *streams)
-    torch.testing.assert_close(out, program(x, *streams)[0])
+    report, code = _clone_between_streams_raced()
     assert ONE_CALL_CODE in code, "one call"
     # 2.11 has no control_deps to pin with: there the guard is that every value read after
     # a sync is computed before it (monkeypatched away with ``pinned``).
@@ -284,19 +291,11 @@ def test_work_before_a_sync_runs_on_its_own_stream(
     writes a sync when it lowers it; 2.12+ computes what a sync is wrapped to follow before
     it, 2.11 (while installed) every value read after a sync. Without that, 2.11 called s0's
     kernel after the wait meant to follow it."""
-    from test_accelerator_regions import no_op_between_streams
-
     if not computed_before_syncs:
         if inductor_runs_streams():
             pytest.skip("2.12+ computes it through control_deps, which the package keeps")
         monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
-    program = no_op_between_streams(torch.clone, read_on_third=False)
-    x = torch.randn(4, 6)
-    streams = [FakeAcceleratorStream() for _ in range(3)]
-    compiled = torch.compile(program, backend="userstreams")
-    with detect_races() as report:
-        (out,), [code] = run_and_get_code(compiled, x, *streams)
-    torch.testing.assert_close(out, program(x, *streams)[0])
+    report, code = _clone_between_streams_raced()
     assert bool(report) is computed_before_syncs, report
     (s0, made), *later = kernels_by_block(code)
     s2 = {block for block, _ in later}
