@@ -11,6 +11,7 @@ from helpers import run_threads
 from probes import insert_probe, node_of, probe, seen, stream_input_indices
 
 import torch_userstreams
+from torch_userstreams import simulator
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.testing.objects import live_user_objects
 
@@ -101,6 +102,30 @@ def test_live_objects_stay_bounded_over_10000_calls() -> None:
         compiled(x)
     after = live_user_objects()
     assert after - before <= 2, (before, after)
+
+
+@pytest.mark.usefixtures("installed")
+def test_a_stream_passed_to_every_call_keeps_a_bounded_log() -> None:
+    """The objects a CPU training loop makes once and passes to each step are synced on
+    every step: their logs keep the latest syncs, not the whole run's."""
+
+    def step(
+        x: torch.Tensor, side: torch.Stream, main: torch.Stream, done: torch.Event
+    ) -> torch.Tensor:
+        side.wait_stream(main)
+        with side:
+            y = x + 1
+        done.record(side)
+        done.wait(main)
+        return y
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    side, main, done = SimStream(device="cpu"), SimStream(device="cpu"), SimEvent(device="cpu")
+    for _ in range(3 * simulator.LOG_LIMIT):
+        compiled(torch.ones(1), side, main, done)
+    assert simulator.LOG_LIMIT // 2 <= len(done.log) <= simulator.LOG_LIMIT
+    assert done.log[-2:] == [("record", side), ("wait", main)], "the latest syncs are kept"
+    assert simulator.LOG_LIMIT // 2 <= len(side.log) <= simulator.LOG_LIMIT
 
 
 @pytest.mark.usefixtures("installed")

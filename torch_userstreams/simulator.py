@@ -3,10 +3,10 @@
 CPU runs every op in program order, so a sync never changes a value there, but native CPU
 events refuse to ``record()`` and CPU streams refuse ``wait_stream``. The prologue builds
 these subclasses for CPU objects so compiled code with syncs runs on CPU, and each object
-keeps a log of the syncs made on it, which tests use to check that a call (and its
-backward) used its own objects. A watcher (``observe``, the run-time race detector) is told
-each stream entered and each sync, so it can order the work issued on these streams as a
-GPU would.
+keeps a log of the latest syncs made on it (``LOG_LIMIT``), which tests use to check that
+a call (and its backward) used its own objects. A watcher (``observe``, the run-time race
+detector) is told each stream entered and each sync, so it can order the work issued on
+these streams as a GPU would.
 """
 
 from __future__ import annotations
@@ -16,6 +16,17 @@ from typing import Any
 import torch
 
 from .observe import watcher
+
+# The most syncs an object's log keeps. A stream made once and passed to every step of a CPU
+# training run is synced on each step: an unbounded log would grow for the whole run.
+LOG_LIMIT = 4096
+
+
+def _note(log: list[tuple[str, Any]], kind: str, other: Any) -> None:
+    """Append ``(kind, other)`` to ``log``; past ``LOG_LIMIT`` entries, the older half goes."""
+    log.append((kind, other))
+    if len(log) > LOG_LIMIT:
+        del log[: len(log) - LOG_LIMIT // 2]
 
 
 class SimStream(torch.Stream):
@@ -36,19 +47,19 @@ class SimStream(torch.Stream):
 
     @property
     def log(self) -> list[tuple[str, Any]]:
-        """The syncs made on this object, oldest first (made on first use: cheap to build)."""
+        """The latest syncs made on this object, oldest first (made on first use)."""
         return self.__dict__.setdefault("log", [])
 
     def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
-        self.log.append(("wait_stream", stream))
+        _note(self.log, "wait_stream", stream)
         observer = watcher()
         if observer is not None:
             observer.wait_stream(self, stream)
 
     def wait_event(self, event: torch.Event) -> None:  # type: ignore[override]
-        self.log.append(("wait_event", event))
+        _note(self.log, "wait_event", event)
         if isinstance(event, SimEvent):
-            event.log.append(("waited_by", self))
+            _note(event.log, "waited_by", self)
         observer = watcher()
         if observer is not None:
             observer.wait(event, self)
@@ -59,7 +70,7 @@ class SimStream(torch.Stream):
         return event
 
     def synchronize(self) -> None:
-        self.log.append(("synchronize", None))
+        _note(self.log, "synchronize", None)
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)
@@ -70,23 +81,23 @@ class SimEvent(torch.Event):
 
     @property
     def log(self) -> list[tuple[str, Any]]:
-        """The syncs made on this object, oldest first (made on first use: cheap to build)."""
+        """The latest syncs made on this object, oldest first (made on first use)."""
         return self.__dict__.setdefault("log", [])
 
     def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        self.log.append(("record", stream))
+        _note(self.log, "record", stream)
         observer = watcher()
         if observer is not None:
             observer.record(self, stream)
 
     def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        self.log.append(("wait", stream))
+        _note(self.log, "wait", stream)
         observer = watcher()
         if observer is not None:
             observer.wait(self, stream)
 
     def synchronize(self) -> None:
-        self.log.append(("synchronize", None))
+        _note(self.log, "synchronize", None)
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)
