@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import LAST_BINDING
 from test_one_call import gpu_like  # noqa: F401 (a fixture)
 from torch._inductor.utils import run_and_get_code
 
 from benchmarks.accelerator_step import model
 from torch_userstreams.backends import inductor_regions
 from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+from torch_userstreams.compile.table import EntryKind
 from torch_userstreams.demo.model import ForwardAndLoss, make_batches
+from torch_userstreams.patch.inductor_streams import objects_resolved
 from torch_userstreams.testing.races import RaceReport, detect_races
 
 pytestmark = [pytest.mark.usefixtures("gpu_like")]
@@ -188,3 +191,35 @@ def test_an_emptied_block_inside_other_code_keeps_a_pass(
         "k2()",
         "exit",
     ]
+
+
+def test_each_call_builds_only_the_events_its_code_resolves() -> None:
+    """An event the passes requested for syncs the one call left out is not built: each
+    call's prologue builds the events the compiled code resolves (``objects_resolved``)."""
+    torch._dynamo.reset()
+    net = model(streams=True)
+    loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
+    x, y = make_batches(1, 64, 64, torch.device("cpu"), 0)[0]
+    _, code = run_and_get_code(lambda: loss_of(x, y).backward())
+    binding = LAST_BINDING[0]
+    table = binding[0].table
+    resolved: set[int] = set()
+    for module in code:
+        found = objects_resolved(module)
+        assert found is not None, "every sync is a method of a resolved object"
+        resolved |= found
+    requested = {e.index for e in table.entries if e.kind is EntryKind.REQUESTED}
+    left_out = requested - resolved
+    assert left_out, "the demo's backward leaves waits out: some events serve none"
+    assert table.plan.loaded & requested == requested & resolved
+    assert all(binding[1 + i] is None for i in left_out), "the call builds none of them"
+    assert all(isinstance(binding[1 + i], torch.Event) for i in requested & resolved)
+
+
+def test_code_with_a_sync_left_as_an_op_call_may_read_any_object() -> None:
+    """What generated code resolves: its lookup lines and Inductor's stream definitions; an
+    op call resolves objects by indices the code does not name, so any may be read."""
+    code = "user_object3, user_object4, = lookup_user_objects((3, 4,))\n"
+    stream = "    stream1 = get_external_object_by_index(7)\n"
+    assert objects_resolved(code + stream) == {3, 4, 7}
+    assert objects_resolved(code + "torch.ops.streams.record_event.default(9, 3)\n") is None

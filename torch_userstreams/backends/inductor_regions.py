@@ -46,6 +46,7 @@ from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..observe import part_of_a_program
 from ..passes import sync_inference_graph_in_backend
+from ..patch.inductor_streams import LOOKUP, objects_resolved
 from ..patch.placed_streams import PLACED
 from ..patch.sync_lines import JUDGEMENT
 from ..run.issue_syncs import issuer
@@ -170,13 +171,24 @@ class StreamRegionsCompiler:
                 return self.whole(gm, example_inputs, kwargs)
             return self.partitioned(gm, kwargs)
 
-    def _note_reads(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> None:
-        """On CPU every graph of the compile is compiled here, so the compile learns all that
-        its compiled code reads (its streams, or nothing): the load plan then skips the
-        events the passes requested for syncs that were removed."""
-        if self.cpu and self.compile_ is not None:
+    def _note_reads(
+        self, gm: torch.fx.GraphModule, kwargs: dict[str, Any], compiled: Any = None
+    ) -> None:
+        """Every graph of the compile is compiled here, so the compile learns all that its
+        compiled code reads: the load plan then builds no event for syncs that were removed
+        (on CPU, every sync; in one compiled call, the waits its order leaves out). What
+        ``compiled``'s code resolves is read off its source where the package wrote its
+        lookup there (``inductor_streams.objects_resolved``); otherwise every index the
+        graph names counts."""
+        if self.compile_ is None:
+            return
+        source = getattr(compiled, "source_code", None)
+        reads = None
+        if isinstance(source, str) and LOOKUP in source:
+            reads = objects_resolved(source)
+        if reads is None:
             reads = set().union(*(referenced_indices(m.graph) for m in held_by(gm)))
-            report_reads(self.compile_, reads, backward=bool(kwargs.get("is_backward")))
+        report_reads(self.compile_, reads, backward=bool(kwargs.get("is_backward")))
 
     def whole(self, gm: torch.fx.GraphModule, example_inputs: Any, kwargs: dict[str, Any]) -> Any:
         """The graph as one compiled call, its streams and syncs Inductor's to issue."""
@@ -200,7 +212,10 @@ class StreamRegionsCompiler:
         if not inductor_runs_streams():
             gm.meta[PLACED] = True  # (``patch.placed_streams``)
         with keyed_by_streams(gm), inductor_config.patch({**reuse, **placed, **resync}):
-            return self.compile_region(gm, example_inputs, **whole_kwargs)
+            compiled = self.compile_region(gm, example_inputs, **whole_kwargs)
+        if not self.cpu:  # (a CPU graph's reads were noted without its syncs)
+            self._note_reads(gm, kwargs, compiled)
+        return compiled
 
     def _resync_after(self, gm: torch.fx.GraphModule) -> Any:
         """The pass that puts the dealloc syncs Inductor's post-grad passes moved reads past
@@ -215,6 +230,7 @@ class StreamRegionsCompiler:
         return reuse_syncs.resync_after_post_grad(gm, self.table, configured)
 
     def partitioned(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]) -> Any:
+        self._note_reads(gm, kwargs)
         if getattr(kwargs.get("cudagraphs"), "value", False):
             backward = bool(kwargs.get("is_backward"))
             _skip_cudagraphs(gm, self.table, backward=backward, one_call=False)

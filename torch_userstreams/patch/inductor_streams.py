@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,6 +59,25 @@ DEFAULT_STREAM = "default_stream"
 STREAM_NAME = "stream{}"
 
 Codegen = Callable[[Any, list[Any]], None]
+
+# How generated code reaches a call's objects: the lines ``definitions`` writes, and the
+# stream definitions Inductor 2.12+ writes inside a GPU device guard (native's getter, which
+# the package patches into its lookup).
+_RESOLVED = re.compile(rf"= {LOOKUP}\(\(([\d, ]*)\)\)")
+_GOT_BY_INDEX = re.compile(r"get_external_object_by_index\((\d+)\)")
+# A sync op left as an op call resolves its own objects, by indices the code does not name.
+_OP_CALL = re.compile(r"torch\.ops\.(streams|userstreams)\.")
+
+
+def objects_resolved(source: str) -> set[int] | None:
+    """The table indices that ``source``, code Inductor generated while installed, resolves
+    on each call; None where it may reach others (a sync left as an op call)."""
+    if _OP_CALL.search(source):
+        return None
+    found = {int(i) for i in _GOT_BY_INDEX.findall(source)}
+    for indices in _RESOLVED.findall(source):
+        found.update(int(i) for i in indices.split(",") if i.strip())
+    return found
 
 
 def definitions(objects: set[int], stream_objects: dict[int, int]) -> list[str]:
