@@ -22,11 +22,14 @@ from .observe import watcher
 LOG_LIMIT = 4096
 
 
-def _note(log: list[tuple[str, Any]], kind: str, other: Any) -> None:
-    """Append ``(kind, other)`` to ``log``; past ``LOG_LIMIT`` entries, the older half goes."""
-    log.append((kind, other))
-    if len(log) > LOG_LIMIT:
+def _latest(obj: torch.Stream | torch.Event) -> list[tuple[str, Any]]:
+    """``obj``'s log (the getter of its ``log``), made on first use; past ``LOG_LIMIT``
+    entries, the older half goes. Each sync reads the log before it appends to it, so the
+    bound costs no call of its own."""
+    log: list[tuple[str, Any]] = obj.__dict__.setdefault("log", [])
+    if len(log) >= LOG_LIMIT:
         del log[: len(log) - LOG_LIMIT // 2]
+    return log
 
 
 class SimStream(torch.Stream):
@@ -45,21 +48,19 @@ class SimStream(torch.Stream):
             observer.exit(self)
         super().__exit__(*exc)
 
-    @property
-    def log(self) -> list[tuple[str, Any]]:
-        """The latest syncs made on this object, oldest first (made on first use)."""
-        return self.__dict__.setdefault("log", [])
+    # The latest syncs made on this object, oldest first.
+    log = property(_latest)
 
     def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
-        _note(self.log, "wait_stream", stream)
+        self.log.append(("wait_stream", stream))
         observer = watcher()
         if observer is not None:
             observer.wait_stream(self, stream)
 
     def wait_event(self, event: torch.Event) -> None:  # type: ignore[override]
-        _note(self.log, "wait_event", event)
+        self.log.append(("wait_event", event))
         if isinstance(event, SimEvent):
-            _note(event.log, "waited_by", self)
+            event.log.append(("waited_by", self))
         observer = watcher()
         if observer is not None:
             observer.wait(event, self)
@@ -70,7 +71,7 @@ class SimStream(torch.Stream):
         return event
 
     def synchronize(self) -> None:
-        _note(self.log, "synchronize", None)
+        self.log.append(("synchronize", None))
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)
@@ -79,25 +80,23 @@ class SimStream(torch.Stream):
 class SimEvent(torch.Event):
     """A ``torch.Event`` on CPU whose record and wait succeed and are logged."""
 
-    @property
-    def log(self) -> list[tuple[str, Any]]:
-        """The latest syncs made on this object, oldest first (made on first use)."""
-        return self.__dict__.setdefault("log", [])
+    # The latest syncs made on this object, oldest first.
+    log = property(_latest)
 
     def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        _note(self.log, "record", stream)
+        self.log.append(("record", stream))
         observer = watcher()
         if observer is not None:
             observer.record(self, stream)
 
     def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        _note(self.log, "wait", stream)
+        self.log.append(("wait", stream))
         observer = watcher()
         if observer is not None:
             observer.wait(self, stream)
 
     def synchronize(self) -> None:
-        _note(self.log, "synchronize", None)
+        self.log.append(("synchronize", None))
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)
