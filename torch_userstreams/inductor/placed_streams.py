@@ -6,7 +6,7 @@ stream (``PLACED``), as Inductor 2.12+ does itself.
   ``origin_node``; else the last of its origins in graph order). A pointwise value Inductor
   computes inside the kernel of a later node that reads it runs where that reader runs, as
   on 2.12+; what a sync must follow, and a value another stream reads, is computed first
-  (``inductor_order.wrap_run_node``).
+  (``sync_order.wrap_run_node``).
 * No two nodes of different streams are fused into one kernel (``wrap_can_fuse``).
 * The code enters a stream's block before a node of another stream than the one open
   (``StreamBlocks``), with what the scheduler gathered flushed first. A block is left
@@ -17,9 +17,9 @@ stream (``PLACED``), as Inductor 2.12+ does itself.
 
 Each block is a line of the package's (``wrapper_lines.block_lines``), numbered
 as Inductor 2.12+ numbers its own (0 the stream the call began on, 1, 2... each side
-stream in order of first use), so ``patch.inductor_streams`` and ``patch.sync_lines`` read
+stream in order of first use), so ``inductor.launch_code`` and ``inductor.sync_lines`` read
 and rewrite 2.11's code as they do 2.12's. A block writes ``with user_objectN:``, the
-name ``inductor_streams`` defines for table index N: 2.11 names a device's raw stream
+name ``launch_code`` defines for table index N: 2.11 names a device's raw stream
 ``streamN`` (device N), which a block named so would be overwritten by.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from ..fx.meta import stream_of
 from ..originals import carries, shadowed
-from .inductor_order import is_sync
+from .sync_order import is_sync
 from .wrapper_lines import block_lines, writes_no_code
 
 CanFuse = Callable[..., bool]
