@@ -215,11 +215,11 @@ _NO_CROSS_STREAM_FUSION = PatchPoint(
 )
 
 # 2.11 has no control_deps to compute what a sync must follow before it
-# (``inductor.sync_order.wrap_run_node``).
+# (``inductor.placed_streams.wrap_run_node``).
 _REALIZED_BEFORE_SYNCS = PatchPoint(
     LOWERING,
     "GraphLowering.run_node",
-    sync_order.wrap_run_node,
+    placed_streams.wrap_run_node,
     ("self", "n"),
     aliases=False,
     wraps=True,
