@@ -47,7 +47,7 @@ MAX_COMPILE_RATIO = 1.5  # the first step's time, userstreams over inductor with
 DIM, BATCH, BLOCKS, LR, SEED = 64, 64, 2, 0.01, 0
 USERSTREAMS, INDUCTOR = "userstreams", "inductor, no streams"
 # Inductor 2.12+ compiles the graph with its streams into one call per graph (the package's
-# passes place its syncs; ``patch.inductor_streams`` resolves the call's objects at its start
+# passes place its syncs; ``inductor.launch_code`` resolves the call's objects at its start
 # and issues each sync as their method). A diagnostic for issue 38: what one compiled call
 # per graph gives, beside the package's regions.
 ONE_CALL = "native inductor with streams, installed"

@@ -426,9 +426,9 @@ def test_a_buffer_no_dealloc_sync_holds_gets_a_new_event() -> None:
     graph had needed no sync (the backward's wait covered that read). Here the forward is
     made to drop ``tanh`` from what it saves: a new event of the table covers the read,
     and without one (a graph compiled after its objects were made) the error names it."""
-    from torch_userstreams.backends.regions import runs_on
-    from torch_userstreams.backends.reuse_syncs import TableRequests, buffer_of, resync_reuse
     from torch_userstreams.errors import UnsupportedPathError
+    from torch_userstreams.inductor.regions import runs_on
+    from torch_userstreams.inductor.reuse_syncs import TableRequests, buffer_of, resync_reuse
     from torch_userstreams.testing import capture, check_stream_safety
     from torch_userstreams.testing.checker import STREAM_DEVICES_META
 
@@ -503,7 +503,7 @@ aten = torch.ops.aten
     ids=["views", "one_mm", "one_pointwise", "two_pointwise", "mutation", "random", "not_aten"],
 )
 def test_which_regions_run_as_their_graph(fn: Callable[..., Any], expected: bool) -> None:
-    from torch_userstreams.backends.regions import at_most_one_kernel
+    from torch_userstreams.inductor.regions import at_most_one_kernel
 
     assert at_most_one_kernel(torch.fx.symbolic_trace(fn)) is expected
 
@@ -543,7 +543,7 @@ def test_regions_eager_would_run_differently_go_to_inductor() -> None:
     max-autotune (which may pick a faster kernel than eager's) all keep Inductor."""
     import torch._inductor.config as inductor_config
 
-    from torch_userstreams.backends.regions import at_most_one_kernel
+    from torch_userstreams.inductor.regions import at_most_one_kernel
 
     sin = torch.fx.symbolic_trace(lambda x: aten.sin.default(x))
     assert at_most_one_kernel(sin)
@@ -564,7 +564,7 @@ def test_the_backward_compiles_with_its_forward_and_may_add_events(
     """``resync_reuse`` gets a maker of new events only while the backend compiles the
     graph (before its prologue exists). ``userstreams`` has AOTAutograd lower the backward
     with the forward, not lazily at its first run, so the backward gets one too."""
-    from torch_userstreams.backends import reuse_syncs
+    from torch_userstreams.inductor import reuse_syncs
 
     makers: list[bool] = []
     real = reuse_syncs._requests

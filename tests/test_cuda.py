@@ -194,7 +194,7 @@ def test_no_live_objects_accumulate_over_1000_steps() -> None:
 def test_one_call_launches_each_kernel_on_its_stream() -> None:
     """The one call on a GPU: a side stream's kernel is launched inside that stream's block,
     which is inside the device guard (on 2.11 the package writes the blocks, and a kernel
-    launches on the raw stream fetched where it is called: ``patch.placed_streams``), and
+    launches on the raw stream fetched where it is called: ``inductor.placed_streams``), and
     forward and backward values are eager's."""
     import re
 

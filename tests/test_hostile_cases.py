@@ -487,11 +487,11 @@ def test_native_inductor_runs_cpu_work_on_a_user_stream(fn: Callable[..., Any]) 
     made and entered last) in its CPU code, and defined those names only inside a GPU
     device guard: every call of such a graph failed with ``NameError: name 'stream1' is not
     defined``, natively too. While installed the code defines them (``patch.
-    inductor_streams``) from the call's objects, and issues each sync as their method.
+    launch_code``) from the call's objects, and issues each sync as their method.
     Inductor 2.11 ignores the annotation, natively and installed (the package places only
-    the graphs its own backend compiles, ``patch.placed_streams``); it freed a buffer before
+    the graphs its own backend compiles, ``inductor.placed_streams``); it freed a buffer before
     the ``sync_dealloc`` that holds it (``UnboundLocalError``) until each sync flushed only
-    the kernel gathered before it, not the frees (``inductor_order.flushed_at_syncs``)."""
+    the kernel gathered before it, not the frees (``sync_order.flushed_at_syncs``)."""
     from torch._inductor.utils import run_and_get_code
 
     # A simulated stream: Inductor 2.11 keeps the graph's wait_stream, which a native CPU

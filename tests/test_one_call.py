@@ -2,10 +2,10 @@
 (``options={"userstreams.one_call": False}`` asks for regions instead).
 
 Inductor 2.12+ runs each node of a graph on its own stream; on 2.11 the package places
-them (``patch.placed_streams``). The backend hands Inductor the whole graph, syncs in place;
+them (``inductor.placed_streams``). The backend hands Inductor the whole graph, syncs in place;
 while installed, Inductor's scheduler keeps every sync where the graph put it
-(``patch.inductor_order``) and its code resolves the call's objects once
-(``patch.inductor_streams``). Judged as on a GPU: the fake accelerator with GPU semantics
+(``inductor.sync_order``) and its code resolves the call's objects once
+(``inductor.launch_code``). Judged as on a GPU: the fake accelerator with GPU semantics
 and the run-time race detector, which sees each C++ kernel of the call.
 """
 
@@ -27,9 +27,9 @@ from torch_userstreams.backends import inductor_regions
 from torch_userstreams.backends.inductor_options import ONE_CALL_OPTION, package_options
 from torch_userstreams.backends.inductor_regions import inductor_runs_streams
 from torch_userstreams.errors import UnsupportedPathError
+from torch_userstreams.inductor import placed_streams, sync_order
+from torch_userstreams.inductor.launch_code import LOOKUP
 from torch_userstreams.originals import shadowed
-from torch_userstreams.patch import inductor_order
-from torch_userstreams.patch.inductor_streams import LOOKUP
 from torch_userstreams.testing.capture import no_compile_caches
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,
@@ -51,7 +51,7 @@ def test_a_sync_stays_between_the_work_around_it() -> None:
         ("op5", ["buf5"], True),
         ("op6", ["buf6", "buf7"], False),
     ]
-    assert inductor_order.fences(operations) == {
+    assert sync_order.fences(operations) == {
         "op1": ["buf0"],
         "op2": ["buf1"],
         "op3": ["buf1"],
@@ -59,7 +59,7 @@ def test_a_sync_stays_between_the_work_around_it() -> None:
         "op5": ["buf4"],
         "op6": ["buf5"],
     }
-    assert inductor_order.fences([("op0", ["buf0"], False)]) == {}
+    assert sync_order.fences([("op0", ["buf0"], False)]) == {}
 
 
 @pytest.fixture
@@ -92,10 +92,10 @@ def two_side_streams(x, w, s0, s1, forked, joined0, joined1):  # type: ignore[no
 
 
 ONE_CALL = {"userstreams.one_call": True}
-# What one call's code starts with: the call's objects, resolved once (``patch.inductor_streams``).
+# What one call's code starts with: the call's objects, resolved once (``inductor.launch_code``).
 ONE_CALL_CODE = f"= {LOOKUP}(("
 # A side stream's block: Inductor's own names it ``streamN`` (2.12+), the package's the
-# stream's object (2.11, ``patch.placed_streams``).
+# stream's object (2.11, ``inductor.placed_streams``).
 SIDE_BLOCK = re.compile(r"\n +with (stream[1-9]\d*|user_object\d+):\n")
 
 
@@ -164,7 +164,7 @@ def test_each_part_of_the_one_call_path_is_needed(
     wait that orders it after the incoming gradient; without placing the seeds on their
     readers' stream, the random ops read seeds another stream made."""
     off: dict[str, tuple[Any, str, Callable[..., Any]]] = {
-        "fences": (inductor_order, "fences", lambda operations: {}),
+        "fences": (sync_order, "fences", lambda operations: {}),
         "factories": (inductor_regions, "factories_on_their_readers_stream", lambda gm: None),
     }
     module, name, replacement = off[switched_off]
@@ -182,7 +182,7 @@ def test_work_on_either_side_of_a_sync_is_never_one_kernel(
     gathered them into one kernel, called after the wait, and freed ``x`` before it
     (``UnboundLocalError``). Each sync now flushes the kernel gathered before it."""
     if not flushed:
-        monkeypatch.setattr(inductor_order, "flushed_at_syncs", lambda *_: nullcontext())
+        monkeypatch.setattr(sync_order, "flushed_at_syncs", lambda *_: nullcontext())
     compiled = torch.compile(sync_between_compute, backend="userstreams", options=ONE_CALL)
     x, event, main = torch.randn(5), FakeAcceleratorEvent(), torch.accelerator.current_stream()
     if not flushed:
@@ -243,13 +243,13 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
     read it. Each guard alone keeps the read before the record: the record pinned after
     the read (``control_deps``; on 2.11, every value computed before each sync), or the
     re-sync after Inductor's passes."""
-    from torch_userstreams.backends import reuse_syncs
+    from torch_userstreams.inductor import reuse_syncs
 
     if not pinned:
         monkeypatch.setattr(reuse_syncs, "PINNED_PASS", reuse_syncs.PASS)
         # 2.11 has no control_deps to pin with: its Inductor computes every value read
         # after a sync before it instead.
-        monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
+        monkeypatch.setattr(placed_streams, "_realize_what_later_nodes_read", lambda env: None)
     if not after_inductor:
         monkeypatch.setattr(reuse_syncs, "resync_after_post_grad", lambda gm, table, user: user)
     report, code = _clone_between_streams_raced()
@@ -294,7 +294,7 @@ def test_work_before_a_sync_runs_on_its_own_stream(
     if not computed_before_syncs:
         if inductor_runs_streams():
             pytest.skip("2.12+ computes it through control_deps, which the package keeps")
-        monkeypatch.setattr(inductor_order, "_realize_what_later_nodes_read", lambda env: None)
+        monkeypatch.setattr(placed_streams, "_realize_what_later_nodes_read", lambda env: None)
     report, code = _clone_between_streams_raced()
     assert bool(report) is computed_before_syncs, report
     (s0, made), *later = kernels_by_block(code)

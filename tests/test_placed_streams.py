@@ -1,4 +1,4 @@
-"""``patch.placed_streams``: on torch 2.11 the package places each node of a graph with
+"""``inductor.placed_streams``: on torch 2.11 the package places each node of a graph with
 user streams on its stream (Inductor 2.12+ does it itself).
 
 The stream blocks' nesting with device guards is written only for GPU tensors, which the
@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch._inductor.utils import IndentedBuffer
 
-from torch_userstreams.patch import placed_streams
-from torch_userstreams.patch.placed_streams import StreamBlocks
+from torch_userstreams.inductor import placed_streams
+from torch_userstreams.inductor.placed_streams import StreamBlocks
 
 
 @dataclasses.dataclass
@@ -229,8 +229,8 @@ def _annotated_graph() -> tuple[torch.fx.Graph, list[torch.fx.Node]]:
 
 def test_a_pattern_never_matches_nodes_of_two_streams() -> None:
     """2.11 discards a match whose nodes' mutation regions differ: the region now names
-    the node's stream too (``patch.pattern_streams``)."""
-    from torch_userstreams.patch.pattern_streams import wrap_get_mutation_region_id
+    the node's stream too (``inductor.pattern_streams``)."""
+    from torch_userstreams.inductor.pattern_streams import wrap_get_mutation_region_id
 
     graph, (mm, add) = _annotated_graph()
     region = wrap_get_mutation_region_id(lambda graph, node: 0)
@@ -249,7 +249,7 @@ def test_a_replacement_runs_on_the_stream_of_what_it_replaces(
     annotation, on the current stream; now it keeps the side stream (a match of mixed
     streams, which the region check discards, is left as it is)."""
     from torch_userstreams.fx.meta import stream_of
-    from torch_userstreams.patch.pattern_streams import wrap_replace_with_graph
+    from torch_userstreams.inductor.pattern_streams import wrap_replace_with_graph
 
     graph, matched = _annotated_graph()
     for node, stream in zip(matched, streams, strict=True):

@@ -18,8 +18,8 @@ import torch
 from pass_programs import simulated_eager
 from test_races import TORCH, gpu, joined, run_steps, unjoined
 
+from torch_userstreams.inductor import sync_order
 from torch_userstreams.observe import outputs_escape, part_of_a_program, watching
-from torch_userstreams.patch import inductor_order
 from torch_userstreams.simulator import SimStream
 from torch_userstreams.testing.capture import no_compile_caches
 from torch_userstreams.testing.compiled_kernels import KernelView, written_arguments
@@ -177,7 +177,7 @@ def test_native_inductor_orders_a_backward_kernel_after_its_entry_wait(
     after a ``wait_event`` (2.13 orders them after a ``wait_stream`` only), so they fuse
     the kernel that reads the gradient with one that runs before the wait, and the call
     issues the wait after that kernel: one race per step. While installed, Inductor keeps
-    every sync between the work around it (``patch.inductor_order``) and the call is
+    every sync between the work around it (``inductor.sync_order``) and the call is
     race-free on every release; without that, 2.12 and 2.13 race as found."""
     with no_compile_caches():
         report = run_steps(joined, "inductor", gpu)
@@ -186,7 +186,7 @@ def test_native_inductor_orders_a_backward_kernel_after_its_entry_wait(
         if TORCH >= (2, 14):
             return
         torch._dynamo.reset()
-        monkeypatch.setattr(inductor_order, "fences", lambda operations: {})
+        monkeypatch.setattr(sync_order, "fences", lambda operations: {})
         report = run_steps(joined, "inductor", gpu)
     found = {(f.kind, f.first.split(" (")[0], f.second.split(" (")[0]) for f in report.findings}
     expected = {(HazardKind.RAW, "ones_like", "cpp_fused_expand_threshold_backward_0")}
@@ -224,7 +224,7 @@ def kernel_blocks(code: str) -> dict[str, str]:
 def test_nodes_of_two_streams_never_share_a_cpp_kernel() -> None:
     """Inductor's C++ backend writes a kernel's call when it is flushed, and Inductor changed
     stream blocks without flushing it: ``w.sin()`` on one stream and ``w * 0.5`` on another
-    became ``cpp_fused_mul_sin_0``, run on one of them (``patch.inductor_streams``)."""
+    became ``cpp_fused_mul_sin_0``, run on one of them (``inductor.launch_code``)."""
     from torch._inductor.utils import run_and_get_code
 
     w, s0, s1 = torch.rand(4), SimStream(device="cpu"), SimStream(device="cpu")

@@ -192,7 +192,7 @@ CONTROLS = {
 def test_switching_off_a_sync_pass_makes_its_program_race(
     name: str, backend: str, gpu: FakeAcceleratorStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch_userstreams.backends import reuse_syncs
+    from torch_userstreams.inductor import reuse_syncs
 
     module, fn, grad, _ = CONTROLS[name]
     compiled = torch.compile(fn, backend=backend)

@@ -1,4 +1,4 @@
-"""``backends.redundant_syncs``: which waits of a region program are left out, on hand-built
+"""``inductor.redundant_syncs``: which waits of a region program are left out, on hand-built
 step lists (streams: 0 the current stream, 2 and 3 side streams; events 10-19 package-made,
 7 a user's)."""
 
@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_userstreams.backends.redundant_syncs import without_redundant_waits
-from torch_userstreams.backends.regions import Region, Step
 from torch_userstreams.fx.control_deps import SyncCall
+from torch_userstreams.inductor.redundant_syncs import without_redundant_waits
+from torch_userstreams.inductor.regions import Region, Step
 from torch_userstreams.run.own_ops import sync_op
 
 streams = torch.ops.streams
@@ -153,8 +153,8 @@ def test_a_graph_whose_current_stream_is_not_known_keeps_every_wait() -> None:
     """Two devices' current streams (helper-2's review): unannotated work is on one of them,
     which ``split`` cannot say, so a record on index 0 may not cover it; the backend then
     leaves every sync in place."""
-    from torch_userstreams.backends.redundant_syncs import the_current_stream
     from torch_userstreams.compile.table import EntryKind, UserObjectTable
+    from torch_userstreams.inductor.redundant_syncs import the_current_stream
 
     table = UserObjectTable("g")
     for device in ("cuda:0", "cuda:1"):

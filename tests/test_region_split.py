@@ -1,4 +1,4 @@
-"""``backends.regions.split`` on hand-built graphs: which nodes share a region.
+"""``inductor.regions.split`` on hand-built graphs: which nodes share a region.
 
 A node with side effects (a mutation, a runtime check) never runs earlier than what precedes
 it. It used to open a region of its own every time, so a data-dependent size's checks
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from torch_userstreams.backends.regions import Region, copy_factories_per_stream, split
 from torch_userstreams.fx.meta import record, records, set_stream
+from torch_userstreams.inductor.regions import Region, copy_factories_per_stream, split
 
 ops = torch.ops.aten
 SIDE, MAIN = 0, None

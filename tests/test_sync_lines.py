@@ -1,4 +1,4 @@
-"""``patch.sync_lines``: a graph compiled as one call issues the syncs its own
+"""``inductor.sync_lines``: a graph compiled as one call issues the syncs its own
 code needs: the waits its order makes redundant are left out, and a stream block is
 entered once where nothing but syncs or comments came between two of its blocks. Judged
 on the demo's training step, as on a GPU: the fake accelerator with GPU semantics and the
@@ -21,7 +21,7 @@ from torch_userstreams.backends import inductor_regions
 from torch_userstreams.backends.inductor_regions import inductor_runs_streams
 from torch_userstreams.compile.table import EntryKind
 from torch_userstreams.demo.model import ForwardAndLoss, make_batches
-from torch_userstreams.patch.inductor_streams import objects_resolved
+from torch_userstreams.inductor.launch_code import objects_resolved
 from torch_userstreams.testing.races import RaceReport, detect_races
 
 pytestmark = [pytest.mark.usefixtures("gpu_like")]
@@ -65,7 +65,7 @@ def test_the_backward_issues_fewer_syncs_and_blocks_with_the_same_gradients(
     # stream instead of once per gradient.
     assert len(SYNC.findall(forward)) == len(SYNC.findall(every_forward)) > 0
     assert 0 < len(SYNC.findall(backward)) < len(SYNC.findall(every_backward))
-    # On 2.11 a sync stays in the block open (``patch.placed_streams``): no block of
+    # On 2.11 a sync stays in the block open (``inductor.placed_streams``): no block of
     # nothing but syncs to join.
     blocks, every_blocks = len(BLOCK.findall(backward)), len(BLOCK.findall(every_backward))
     assert blocks < every_blocks or (blocks == every_blocks and not inductor_runs_streams())
@@ -110,7 +110,7 @@ def kind(request: pytest.FixtureRequest) -> tuple[type, type]:
     ``sync_lines`` reads alike."""
     from torch._inductor.codegen import wrapper
 
-    from torch_userstreams.patch.wrapper_lines import block_lines
+    from torch_userstreams.inductor.wrapper_lines import block_lines
 
     if request.param == "package":
         return block_lines()
@@ -150,7 +150,7 @@ def _shape(kind: tuple[type, type], lines: list[Any]) -> list[Any]:
 def test_an_emptied_block_goes_and_the_blocks_around_it_become_one(
     kind: tuple[type, type],
 ) -> None:
-    from torch_userstreams.patch.sync_lines import _joined_blocks
+    from torch_userstreams.inductor.sync_lines import _joined_blocks
 
     lines = _lines(kind, 1, "k1()", "exit", 0, "#", "exit", 1, "k2()", "exit", 2, "k3()", "exit")
     assert _shape(kind, _joined_blocks(lines)) == [1, "k1()", "k2()", "exit", 2, "k3()", "exit"]
@@ -166,7 +166,7 @@ def test_the_last_block_left_open_stays_open(kind: tuple[type, type]) -> None:
     """Inductor leaves the last block open (a device guard's exit closes it on a GPU): an
     emptied one keeps a ``pass``, and a block of syncs on the current stream joins the
     closed block before it, which stays open in its place."""
-    from torch_userstreams.patch.sync_lines import _joined_blocks
+    from torch_userstreams.inductor.sync_lines import _joined_blocks
 
     lines = _lines(kind, 1, "k1()", "exit", 0, "#")
     assert _shape(kind, _joined_blocks(lines)) == [1, "k1()"]  # joined: block 1 is now the open one
@@ -179,7 +179,7 @@ def test_an_emptied_block_inside_other_code_keeps_a_pass(
 ) -> None:
     """After a line that is no block (a device guard, a memory pool's ``with``), the
     emptied block may be all that line holds: it stays, with a ``pass``."""
-    from torch_userstreams.patch.sync_lines import _joined_blocks
+    from torch_userstreams.inductor.sync_lines import _joined_blocks
 
     lines = _lines(kind, "with pool():", 1, "#", "exit", 2, "k2()", "exit")
     assert _shape(kind, _joined_blocks(lines)) == [

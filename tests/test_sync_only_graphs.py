@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import torch_userstreams
-from torch_userstreams.backends.regions import has_stream_work
 from torch_userstreams.fx.ops import is_sync_op
+from torch_userstreams.inductor.regions import has_stream_work
 from torch_userstreams.simulator import SimEvent, SimStream
 from torch_userstreams.testing.fake_accelerator import (
     FakeAcceleratorEvent,

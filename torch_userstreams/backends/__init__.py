@@ -42,12 +42,12 @@ def _compile_of(backend: str, gm: torch.fx.GraphModule) -> graph_compile.GraphCo
     """
     compile_ = graph_compile.active_or_none()
     if compile_ is None:
-        from .regions import has_stream_work
+        from ..inductor.regions import has_stream_work
 
         if has_stream_work(gm):
             raise UnsupportedPathError(_refusal(backend, gm))
         return None
-    from .regions import has_stream_work
+    from ..inductor.regions import has_stream_work
     from .saved_hooks import refuse_saved_tensors_hooks
     from .subgraph_streams import refuse_streams_in_subgraphs
 
@@ -112,10 +112,10 @@ def userstreams_backend(
     compile_ = _compile_of("userstreams", gm)
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+    from ..inductor.regions import has_stream_work
     from .cache_tag import own_cache_entries, tagged
     from .inductor_options import config_patches, package_options
     from .inductor_regions import compile_fx_with_regions
-    from .regions import has_stream_work
 
     one_call, options = package_options(options)
     patches = config_patches(mode, options)

@@ -39,7 +39,7 @@ def keyed_by_streams(gm: torch.fx.GraphModule) -> Iterator[None]:
     stream: its code alone is the same as that of the same ops on other streams (or on
     none), whose compiled code would run them where this graph does not. The key names the
     package's own code too: while installed, the package writes part of the code Inductor
-    generates for such a graph (``patch.inductor_streams``), and a cache warmed by another
+    generates for such a graph (``inductor.launch_code``), and a cache warmed by another
     version of it would serve that version's code."""
     from ..fx.meta import stream_of
 

@@ -6,9 +6,9 @@ node's stream annotated and every sync in place. It compiles:
 * a graph with no stream annotation and no sync: as is;
 * by default: as **one compiled call** (``whole``), on an accelerator and on CPU alike.
   Inductor 2.12+ places each node on its stream (on 2.11 the package does,
-  ``patch.placed_streams``); while the package is installed its scheduler keeps every sync
-  where the graph put it (``patch.inductor_order``) and its code resolves the call's
-  objects once and issues each sync as their method (``patch.inductor_streams``). A graph
+  ``inductor.placed_streams``); while the package is installed its scheduler keeps every sync
+  where the graph put it (``inductor.sync_order``) and its code resolves the call's
+  objects once and issues each sync as their method (``inductor.launch_code``). A graph
   whose streams and events are all CPU objects goes without its syncs: a CPU stream runs
   nothing asynchronously, every op runs in program order on the host, so every sync is
   already satisfied when it would be issued (and native CPU events cannot record). A
@@ -44,18 +44,10 @@ from ..errors import UnsupportedPathError
 from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
-from ..observe import part_of_a_program
-from ..passes import sync_inference_graph_in_backend
-from ..patch.inductor_streams import LOOKUP, objects_resolved
-from ..patch.placed_streams import PLACED
-from ..patch.sync_lines import JUDGEMENT
-from ..run.issue_syncs import issuer
-from ..run.plan import Program, Ref, Step
-from . import reuse_syncs
-from .cache_tag import control_deps_cached, keyed_by_streams, tagged
-from .check_on_compile import check_graph
-from .donations import keyed_by_donations, true_donations
-from .redundant_syncs import (
+from ..inductor import reuse_syncs
+from ..inductor.launch_code import LOOKUP, objects_resolved
+from ..inductor.placed_streams import PLACED
+from ..inductor.redundant_syncs import (
     judged,
     judgement,
     made_by_the_package,
@@ -63,7 +55,7 @@ from .redundant_syncs import (
     the_current_stream,
     without_redundant_waits,
 )
-from .regions import (
+from ..inductor.regions import (
     FACTORIES_PASS,
     Region,
     at_most_one_kernel,
@@ -77,6 +69,14 @@ from .regions import (
     without_streams,
     without_syncs,
 )
+from ..inductor.sync_lines import JUDGEMENT
+from ..observe import part_of_a_program
+from ..passes import sync_inference_graph_in_backend
+from ..run.issue_syncs import issuer
+from ..run.plan import Program, Ref, Step
+from .cache_tag import control_deps_cached, keyed_by_streams, tagged
+from .check_on_compile import check_graph
+from .donations import keyed_by_donations, true_donations
 from .subgraph_streams import construct_names
 
 log = logging.getLogger("torch_userstreams")
@@ -96,7 +96,7 @@ GraphHook = Callable[[torch.fx.GraphModule, dict[str, Any]], None]
 # whatever their streams.
 NO_BUFFER_REUSE = {"allow_buffer_reuse": False, "inplace_buffers": False, "memory_planning": False}
 
-# A graph the package places on its streams (torch 2.11, ``patch.placed_streams``): Inductor's
+# A graph the package places on its streams (torch 2.11, ``inductor.placed_streams``): Inductor's
 # post-grad pass that moves each value down to its first reader moves work past the syncs
 # after it where nothing ties the two (``control_deps`` does, on 2.12+): a side stream's
 # ``x * x`` went below the wait that orders another stream after it. Combo kernels group
@@ -202,7 +202,7 @@ class StreamRegionsCompiler:
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
         if not self.cpu:
-            backward = bool(kwargs.get("is_backward"))  # for its code (``patch.sync_lines``)
+            backward = bool(kwargs.get("is_backward"))  # for its code (``inductor.sync_lines``)
             gm.meta[JUDGEMENT] = judgement(self.table, backward=backward)
         whole_kwargs = {**kwargs, "cudagraphs": _no_cudagraphs()}
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
@@ -210,7 +210,7 @@ class StreamRegionsCompiler:
         reuse = {} if self.cpu else {**NO_BUFFER_REUSE, **control_deps_cached()}
         placed = {} if inductor_runs_streams() else PLACED_CONFIG
         if not inductor_runs_streams():
-            gm.meta[PLACED] = True  # (``patch.placed_streams``)
+            gm.meta[PLACED] = True  # (``inductor.placed_streams``)
         with keyed_by_streams(gm), inductor_config.patch({**reuse, **placed, **resync}):
             compiled = self.compile_region(gm, example_inputs, **whole_kwargs)
         if not self.cpu:  # (a CPU graph's reads were noted without its syncs)
@@ -505,9 +505,9 @@ def _not_python_wrapper() -> bool:
 
 def can_compile_one_call() -> bool:
     """Whether a graph with streams compiles as one call: the package's patches of
-    Inductor's scheduler and code are in place (``patch.inductor_order``,
-    ``patch.inductor_streams``; on 2.11, whose Inductor runs one stream,
-    ``patch.placed_streams`` places each node on its stream)."""
+    Inductor's scheduler and code are in place (``inductor.sync_order``,
+    ``inductor.launch_code``; on 2.11, whose Inductor runs one stream,
+    ``inductor.placed_streams`` places each node on its stream)."""
     from ..patch.install import is_installed
 
     return is_installed()

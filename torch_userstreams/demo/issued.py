@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch.fx
 
 from ..backends.inductor_regions import split_and_issued
-from ..backends.regions import Region, has_stream_work
 from ..compile.table import UserObjectTable, all_on_cpu
 from ..fx.control_deps import SyncCall, sync_of
 from ..fx.meta import stream_of
 from ..fx.ops import is_lookup
+from ..inductor.regions import Region, has_stream_work
 
 AOT_EAGER = "userstreams_aot_eager"
 

@@ -22,7 +22,7 @@ CONTROL_DEPS = "control_deps"
 @dataclass(eq=False)
 class SyncCall:
     """One sync op as issued: ``node`` is the op itself or the control_deps wrapping it
-    (None for a sync read from Inductor's generated code, ``patch.sync_lines``)."""
+    (None for a sync read from Inductor's generated code, ``inductor.sync_lines``)."""
 
     node: torch.fx.Node | None
     op: Any

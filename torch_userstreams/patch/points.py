@@ -16,16 +16,13 @@ from typing import Any
 from .. import passes
 from ..compile import hook
 from ..compile.returned_objects import wrap_reconstruct
+from ..inductor import launch_code, pattern_streams, placed_streams, sync_order
 from ..run.lookup import lookup
 from . import (
     backward_order,
     cse,
     event_stream_arg,
-    inductor_order,
-    inductor_streams,
     keyword_args,
-    pattern_streams,
-    placed_streams,
     queries,
     replacements,
     stream_blocks,
@@ -191,23 +188,23 @@ _WRAP_SYNCS = PatchPoint(
 _STREAM_DEFINITIONS = PatchPoint(
     SCHEDULER,
     "Scheduler._codegen",
-    inductor_streams.wrap_codegen,
+    launch_code.wrap_codegen,
     ("self", "nodes"),
     aliases=False,
     wraps=True,
 )
 
-# Inductor lets work after a wait_event move above it (``patch.inductor_order``).
+# Inductor lets work after a wait_event move above it (``inductor.sync_order``).
 _SYNC_FENCES = PatchPoint(
     SCHEDULER,
     "Scheduler._init",
-    inductor_order.wrap_init,
+    sync_order.wrap_init,
     ("self", "nodes"),
     aliases=False,
     wraps=True,
 )
 
-# 2.11 Inductor fuses nodes of any streams into one kernel (``patch.placed_streams``).
+# 2.11 Inductor fuses nodes of any streams into one kernel (``inductor.placed_streams``).
 _NO_CROSS_STREAM_FUSION = PatchPoint(
     SCHEDULER,
     "Scheduler.can_fuse",
@@ -218,17 +215,17 @@ _NO_CROSS_STREAM_FUSION = PatchPoint(
 )
 
 # 2.11 has no control_deps to compute what a sync must follow before it
-# (``patch.inductor_order.wrap_run_node``).
+# (``inductor.placed_streams.wrap_run_node``).
 _REALIZED_BEFORE_SYNCS = PatchPoint(
     LOWERING,
     "GraphLowering.run_node",
-    inductor_order.wrap_run_node,
+    placed_streams.wrap_run_node,
     ("self", "n"),
     aliases=False,
     wraps=True,
 )
 
-# 2.11 Inductor's pattern matcher matches nodes of two streams (``patch.pattern_streams``).
+# 2.11 Inductor's pattern matcher matches nodes of two streams (``inductor.pattern_streams``).
 _NO_CROSS_STREAM_PATTERNS = PatchPoint(
     PATTERN_MATCHER,
     "get_mutation_region_id",

@@ -4,7 +4,7 @@ the program they run, without the waits that program does not need.
 The graph's order is not the order its code runs in: Inductor computes a pointwise value
 where a later node reads it, so work the graph has before a record may run after it (only
 the values a record is pinned after are computed before it, ``reuse_syncs``). Which waits
-are redundant (``backends.redundant_syncs``) is therefore judged on the lines Inductor
+are redundant (``inductor.redundant_syncs``) is therefore judged on the lines Inductor
 wrote, once its scheduler has placed every node: each line inside ``with streamN:`` is
 work on that stream (outside any block, or in ``default_stream``'s, on the stream the call
 began on), each sync line the sync it issues. A line that runs nothing on a stream (a
@@ -23,7 +23,7 @@ from ..fx.ops import OBJECT_ROLES, SYNC_ROLES, is_sync_op, op_name
 from .wrapper_lines import CALLERS_STREAM, block_kinds, writes_no_code
 
 # Where a graph the package's backend compiles as one call carries its ``Judge``
-# (``backends.redundant_syncs.Judgement``, plain data: a graph's meta is pickled into
+# (``inductor.redundant_syncs.Judgement``, plain data: a graph's meta is pickled into
 # Inductor's FX graph cache key). A graph without one keeps every sync.
 JUDGEMENT = "torch_userstreams.sync_judgement"
 

@@ -24,7 +24,7 @@ host). While installed, the code Inductor generates for a graph with streams ins
   the waits its own order makes redundant (``sync_lines``: for a graph the package's
   backend compiles);
 * never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``),
-  nor nodes on either side of a sync (``inductor_order.flushed_at_syncs``, on every graph
+  nor nodes on either side of a sync (``sync_order.flushed_at_syncs``, on every graph
   with a sync).
 
 Where a GPU device guard defines the stream names again (to the same streams, and
@@ -44,7 +44,7 @@ from typing import Any
 
 from ..fx.ops import OBJECT_ROLES, SYNC_METHODS, SYNC_ROLES, op_name
 from ..originals import carries, shadowed
-from . import inductor_order, placed_streams, sync_lines
+from . import placed_streams, sync_lines, sync_order
 from .sync_lines import JUDGEMENT
 from .wrapper_lines import CALLERS_STREAM, OBJECT_NAME, block_lines
 
@@ -182,7 +182,7 @@ def wrap_codegen(native: Codegen) -> Codegen:
         other_wrapper = graph.cpp_wrapper or getattr(graph, "fx_wrapper", False)
         streams = _streams(self)
         if not streams or other_wrapper:
-            with inductor_order.flushed_at_syncs(self, nodes):
+            with sync_order.flushed_at_syncs(self, nodes):
                 native(self, nodes)
             return
         start = len(wrapper.lines)
@@ -192,7 +192,7 @@ def wrap_codegen(native: Codegen) -> Codegen:
             if placed
             else placed_streams.StreamBlocks(self, wrapper, streams).around_guards()
         )
-        with blocks, inductor_order.flushed_at_syncs(self, nodes):
+        with blocks, sync_order.flushed_at_syncs(self, nodes):
             native(self, nodes)
         objects: set[int] = set()
         # A partition of the graph is not its whole program: what a record there is read by,

@@ -22,13 +22,8 @@ before it (``UnboundLocalError``). Each sync flushes what was gathered before it
 (2.11 freed a ``sync_dealloc``'s own buffer before it, in a graph its code left on one
 stream).
 
-Inductor computes a pointwise value where a later node reads it. 2.12+ computes the values a
-sync is wrapped to follow (``control_deps``) before it, and a value read on another stream on
-its own; torch 2.11 does neither, so there, in a graph the package places on its streams
-(``placed_streams``), every value lowered before a sync that a node after it reads is
-computed into a buffer before the sync is lowered, and a value is computed on its own stream
-before a node of another stream reads it (``wrap_run_node``): what the graph does before a
-sync runs before it, on the stream the user put it on, as in a region.
+On torch 2.11, what a sync must follow is computed before it where the package places
+the graph's nodes on their streams (``placed_streams.wrap_run_node``).
 """
 
 from __future__ import annotations
@@ -37,12 +32,10 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 from ..originals import carries, shadowed
 
 Init = Callable[[Any, list[Any]], None]
-RunNode = Callable[[Any, Any], Any]
 
 
 def is_sync(operation: Any) -> bool:
@@ -113,46 +106,3 @@ def flushed_at_syncs(scheduler: Any, nodes: list[Any]) -> Iterator[None]:
 
     with shadowed(scheduler, {"codegen_extern_call": codegen_extern_call}):
         yield
-
-
-def wrap_run_node(native: RunNode) -> RunNode:
-    """The replacement of ``GraphLowering.run_node`` (2.11, a graph the package places on its
-    streams, ``placed_streams.PLACED``): before a sync is lowered, each value lowered before
-    it that a later node reads is realized; before any other node, each value it reads that
-    another stream made (module docstring)."""
-
-    from .placed_streams import placing
-
-    @carries(native)
-    def run_node(self: Any, n: Any) -> Any:
-        if not placing(self.module):
-            return native(self, n)
-        if is_sync_op(getattr(n, "target", None)):
-            _realize_what_later_nodes_read(self.env)
-        elif n.op == "call_function":
-            _realize_what_another_stream_made(n, self.env)
-        return native(self, n)
-
-    return run_node
-
-
-def _realize_what_later_nodes_read(env: dict[Any, Any]) -> None:
-    for node, value in env.items():
-        if any(user not in env for user in node.users):
-            _realize(value)
-
-
-def _realize_what_another_stream_made(node: Any, env: dict[Any, Any]) -> None:
-    stream = stream_of(node)
-    for read in node.all_input_nodes:
-        if read in env and stream_of(read) != stream:
-            _realize(env[read])
-
-
-def _realize(value: Any) -> None:
-    from torch._inductor import ir
-    from torch.utils._pytree import tree_leaves
-
-    for leaf in tree_leaves(value):
-        if isinstance(leaf, ir.TensorBox):
-            leaf.realize()

@@ -6,7 +6,7 @@ stream (``PLACED``), as Inductor 2.12+ does itself.
   ``origin_node``; else the last of its origins in graph order). A pointwise value Inductor
   computes inside the kernel of a later node that reads it runs where that reader runs, as
   on 2.12+; what a sync must follow, and a value another stream reads, is computed first
-  (``inductor_order.wrap_run_node``).
+  (``wrap_run_node``).
 * No two nodes of different streams are fused into one kernel (``wrap_can_fuse``).
 * The code enters a stream's block before a node of another stream than the one open
   (``StreamBlocks``), with what the scheduler gathered flushed first. A block is left
@@ -17,10 +17,18 @@ stream (``PLACED``), as Inductor 2.12+ does itself.
 
 Each block is a line of the package's (``wrapper_lines.block_lines``), numbered
 as Inductor 2.12+ numbers its own (0 the stream the call began on, 1, 2... each side
-stream in order of first use), so ``patch.inductor_streams`` and ``patch.sync_lines`` read
+stream in order of first use), so ``inductor.launch_code`` and ``inductor.sync_lines`` read
 and rewrite 2.11's code as they do 2.12's. A block writes ``with user_objectN:``, the
-name ``inductor_streams`` defines for table index N: 2.11 names a device's raw stream
+name ``launch_code`` defines for table index N: 2.11 names a device's raw stream
 ``streamN`` (device N), which a block named so would be overwritten by.
+
+Inductor computes a pointwise value where a later node reads it. 2.12+ computes the values a
+sync is wrapped to follow (``control_deps``) before it, and a value read on another stream on
+its own; torch 2.11 does neither, so there, in a graph the package places on its streams
+(``PLACED``), every value lowered before a sync that a node after it reads is computed into
+a buffer before the sync is lowered, and a value is computed on its own stream
+before a node of another stream reads it (``wrap_run_node``): what the graph does before a
+sync runs before it, on the stream the user put it on, as in a region.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..fx.meta import stream_of
+from ..fx.ops import is_sync_op
 from ..originals import carries, shadowed
-from .inductor_order import is_sync
+from .sync_order import is_sync
 from .wrapper_lines import block_lines, writes_no_code
 
 CanFuse = Callable[..., bool]
+RunNode = Callable[[Any, Any], Any]
 # Set in the meta of a graph the package's backend compiles as one call on 2.11: only such a
 # graph is placed on its streams, under the config that keeps them apart (no buffer reuse,
 # no reordering for locality, ``backends.inductor_regions``). Native ``backend="inductor"``
@@ -168,3 +178,44 @@ class StreamBlocks:
             yield
             self.scheduler.flush()
             self.leave()
+
+
+def wrap_run_node(native: RunNode) -> RunNode:
+    """The replacement of ``GraphLowering.run_node`` (2.11, a graph the package places on its
+    streams, ``PLACED``): before a sync is lowered, each value lowered before it that a later
+    node reads is realized; before any other node, each value it reads that another stream
+    made (module docstring)."""
+
+    @carries(native)
+    def run_node(self: Any, n: Any) -> Any:
+        if not placing(self.module):
+            return native(self, n)
+        if is_sync_op(getattr(n, "target", None)):
+            _realize_what_later_nodes_read(self.env)
+        elif n.op == "call_function":
+            _realize_what_another_stream_made(n, self.env)
+        return native(self, n)
+
+    return run_node
+
+
+def _realize_what_later_nodes_read(env: dict[Any, Any]) -> None:
+    for node, value in env.items():
+        if any(user not in env for user in node.users):
+            _realize(value)
+
+
+def _realize_what_another_stream_made(node: Any, env: dict[Any, Any]) -> None:
+    stream = stream_of(node)
+    for read in node.all_input_nodes:
+        if read in env and stream_of(read) != stream:
+            _realize(env[read])
+
+
+def _realize(value: Any) -> None:
+    from torch._inductor import ir
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves(value):
+        if isinstance(leaf, ir.TensorBox):
+            leaf.realize()

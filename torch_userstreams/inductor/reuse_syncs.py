@@ -225,7 +225,7 @@ def _pin_after_reads(
     """``record`` wrapped in a ``control_deps`` on ``reads``: Inductor computes each as a
     buffer of its own before the record (torch 2.12+, where the wrapper exists; 2.11's
     Inductor computes every value read after a sync before it while the package is installed,
-    ``patch.inductor_order.wrap_run_node``)."""
+    ``inductor.placed_streams.wrap_run_node``)."""
     from torch._functorch._aot_autograd import streams
 
     _wrap_sync_node = getattr(streams, "_wrap_sync_node", None)

@@ -5,7 +5,7 @@ one: a backward's exit joins every gradient's stream back to the current stream 
 event each, although one wait for the last of them orders the others too (a stream runs its
 work in order). Each sync costs the host a call per step (1-3 us on CUDA, more through
 Python), so ``without_redundant_waits`` drops, from a program's steps in issue order (the
-regions ``regions.split`` made, or the lines of a one-call graph's code, ``patch.sync_lines``):
+regions ``regions.split`` made, or the lines of a one-call graph's code, ``inductor.sync_lines``):
 
 * a ``wait_event`` of a package-made event whose record the waiting stream is already
   after: it waited for a record of the same stream index at a point no earlier, itself
@@ -39,7 +39,7 @@ from ..fx.control_deps import SyncCall
 from ..fx.ops import op_name, operands
 
 # A program's steps in issue order: each a sync, or work on a stream (anything else with a
-# ``stream``: a ``Region``, or a line of Inductor's code, ``patch.sync_lines``).
+# ``stream``: a ``Region``, or a line of Inductor's code, ``inductor.sync_lines``).
 Step = Any
 
 # What a stream is after: for each stream index (the current stream's entries are one key,

@@ -1,6 +1,6 @@
 """The names and lines the package writes into Inductor's generated code, and how it reads
 lines: shared by the modules that write stream blocks (``placed_streams``, 2.11), rewrite
-them (``inductor_streams``) and judge the syncs between them (``sync_lines``).
+them (``launch_code``) and judge the syncs between them (``sync_lines``).
 """
 
 from __future__ import annotations
