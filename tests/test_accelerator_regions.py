@@ -176,13 +176,13 @@ def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
     """Inductor replaces random ops by one seeds tensor and per-op lookups after the
     package's passes; the seeds were made in a region on the current stream and read on the
     side stream with no sync between."""
-    from torch_userstreams.backends import inductor_regions
+    from torch_userstreams.backends import inductor_graphs
 
     streams_of: dict[str, set[int | None]] = {
         "inductor_seeds": set(),
         "inductor_lookup_seed": set(),
     }
-    split = inductor_regions.split
+    split = inductor_graphs.split
 
     def spy(gm: torch.fx.GraphModule, *args: Any) -> list[Any]:
         steps = split(gm, *args)
@@ -193,7 +193,7 @@ def test_inductors_random_seeds_are_made_on_the_stream_that_reads_them(
                     streams_of[name].add(step.stream)
         return steps
 
-    monkeypatch.setattr(inductor_regions, "split", spy)
+    monkeypatch.setattr(inductor_graphs, "split", spy)
     out = torch.compile(fn, backend="userstreams", options=REGIONS)(
         torch.ones(64), FakeAcceleratorStream()
     )

@@ -23,9 +23,9 @@ from test_sync_only_graphs import sync_between_compute
 from torch._inductor.utils import run_and_get_code
 
 import torch_userstreams
-from torch_userstreams.backends import inductor_regions
+from torch_userstreams.backends import inductor_graphs
+from torch_userstreams.backends.inductor_graphs import inductor_runs_streams
 from torch_userstreams.backends.inductor_options import ONE_CALL_OPTION, package_options
-from torch_userstreams.backends.inductor_regions import inductor_runs_streams
 from torch_userstreams.errors import UnsupportedPathError
 from torch_userstreams.inductor import placed_streams, sync_order
 from torch_userstreams.inductor.launch_code import LOOKUP
@@ -165,7 +165,7 @@ def test_each_part_of_the_one_call_path_is_needed(
     readers' stream, the random ops read seeds another stream made."""
     off: dict[str, tuple[Any, str, Callable[..., Any]]] = {
         "fences": (sync_order, "fences", lambda operations: {}),
-        "factories": (inductor_regions, "factories_on_their_readers_stream", lambda gm: None),
+        "factories": (inductor_graphs, "factories_on_their_readers_stream", lambda gm: None),
     }
     module, name, replacement = off[switched_off]
     monkeypatch.setattr(module, name, replacement)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.fx
 
-from torch_userstreams.backends.inductor_regions import SPLIT_REQUIRES
+from torch_userstreams.backends.inductor_graphs import SPLIT_REQUIRES
 from torch_userstreams.compile.contract import Fact, GraphPass, PassContractError, run_passes
 from torch_userstreams.inductor import regions, reuse_syncs
 from torch_userstreams.passes import (

@@ -17,8 +17,8 @@ from test_one_call import gpu_like  # noqa: F401 (a fixture)
 from torch._inductor.utils import run_and_get_code
 
 from benchmarks.accelerator_step import model
-from torch_userstreams.backends import inductor_regions
-from torch_userstreams.backends.inductor_regions import inductor_runs_streams
+from torch_userstreams.backends import inductor_graphs
+from torch_userstreams.backends.inductor_graphs import inductor_runs_streams
 from torch_userstreams.compile.table import EntryKind
 from torch_userstreams.demo.model import ForwardAndLoss, make_batches
 from torch_userstreams.inductor.launch_code import objects_resolved
@@ -36,7 +36,7 @@ def training_step(
     """The demo's step with its loss (two side-stream blocks), forward and backward: the code
     of its two calls, what the race detector saw, and the gradients."""
     if not judged:
-        monkeypatch.setattr(inductor_regions, "judgement", lambda table, backward: None)
+        monkeypatch.setattr(inductor_graphs, "judgement", lambda table, backward: None)
     torch._dynamo.reset()
     net = model(streams=True)
     loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")

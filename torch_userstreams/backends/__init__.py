@@ -4,7 +4,7 @@
   uses streams is compiled as one call that runs each node on its stream (on CPU without
   its syncs, which program order meets), or, asked with
   ``options={"userstreams.one_call": False}``, region by region, each region run on its own
-  stream (``inductor_regions``; on CPU one Inductor graph without its streams and syncs).
+  stream (``inductor_graphs``; on CPU one Inductor graph without its streams and syncs).
 * ``userstreams_aot_eager``: AOTAutograd with the package's passes, executing each node on
   its annotated stream (``executor``) — for debugging stream programs.
 
@@ -105,7 +105,7 @@ def userstreams_backend(
 ) -> Any:
     """Inductor with torch_userstreams installed: each forward and backward graph with
     streams is compiled as one call, or region by region where
-    ``options={"userstreams.one_call": False}`` asks (``inductor_regions``). The other
+    ``options={"userstreams.one_call": False}`` asks (``inductor_graphs``). The other
     ``mode`` and ``options`` (``torch.compile``'s) are Inductor's, for the forward and the
     backward. ``on_graph`` (for ``testing.capture``) sees each forward and backward graph
     before it is compiled."""
@@ -114,8 +114,8 @@ def userstreams_backend(
 
     from ..inductor.regions import has_stream_work
     from .cache_tag import own_cache_entries, tagged
+    from .inductor_graphs import compile_fx_with_streams
     from .inductor_options import config_patches, package_options
-    from .inductor_regions import compile_fx_with_regions
 
     one_call, options = package_options(options)
     patches = config_patches(mode, options)
@@ -123,7 +123,7 @@ def userstreams_backend(
         if compile_ is None or not has_stream_work(gm):
             inner = tagged(compile_fx_inner)
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
-        return compile_fx_with_regions(
+        return compile_fx_with_streams(
             gm,
             example_inputs,
             compile_,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch.fx
 
-from ..backends.inductor_regions import split_and_issued
+from ..backends.inductor_graphs import split_and_issued
 from ..compile.table import UserObjectTable, all_on_cpu
 from ..fx.control_deps import SyncCall, sync_of
 from ..fx.meta import stream_of

@@ -3,7 +3,7 @@ by stage: what the package does to the graph, and inside Inductor, so that its c
 each node on its stream and issues each sync where the graph put it, and no other.
 
 In the order a graph goes through them (the backend that calls them is
-``backends.inductor_regions``; ``patch.points`` lists the Inductor functions replaced):
+``backends.inductor_graphs``; ``patch.points`` lists the Inductor functions replaced):
 
 * its syncs, placed again after Inductor's joint-graph passes: ``reuse_syncs``;
 * its nodes, placed on their streams (torch 2.11, whose Inductor runs one stream):

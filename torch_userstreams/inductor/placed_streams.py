@@ -47,7 +47,7 @@ CanFuse = Callable[..., bool]
 RunNode = Callable[[Any, Any], Any]
 # Set in the meta of a graph the package's backend compiles as one call on 2.11: only such a
 # graph is placed on its streams, under the config that keeps them apart (no buffer reuse,
-# no reordering for locality, ``backends.inductor_regions``). Native ``backend="inductor"``
+# no reordering for locality, ``backends.inductor_graphs``). Native ``backend="inductor"``
 # keeps 2.11's one stream, where its buffer reuse and reordering are safe.
 PLACED = "torch_userstreams.placed_streams"
 

@@ -8,7 +8,7 @@ backend's compilers receive them:
   compilers, which then run them with ``backends.executor.compile_with_streams`` (the
   package's backend, with recording compilers);
 * ``userstreams``: the modules Inductor's ``compile_fx`` hands to its inner compiler (the
-  package's ``StreamRegionsCompiler``), before it strips or splits them. Graphs without
+  package's ``InductorGraphCompiler``), before it strips or splits them. Graphs without
   streams go to Inductor directly and are not recorded.
 
 Each graph's ``gm.meta[CURRENT_STREAMS_META]`` is set to the table indices of its current

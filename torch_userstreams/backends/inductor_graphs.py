@@ -109,7 +109,7 @@ PLACED_CONFIG = {"reorder_for_locality": False, "combo_kernels": False}
 SPLIT_REQUIRES = frozenset({Fact.REUSE_RESYNCED, Fact.FACTORIES_PER_STREAM})
 
 
-class StreamRegionsCompiler:
+class InductorGraphCompiler:
     """An ``inner_compile`` for ``compile_fx``: see the module docstring.
 
     The compile is the graph's, passed in when its backend ran (a backward may be compiled
@@ -520,7 +520,7 @@ def _no_cudagraphs() -> Any:
     return BoxedBool(False)
 
 
-def compile_fx_with_regions(
+def compile_fx_with_streams(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
     compile_: GraphCompile | None,
@@ -529,7 +529,7 @@ def compile_fx_with_regions(
     config_patches: dict[str, Any] | None = None,
     one_call: bool = False,
 ) -> Any:
-    """Inductor's ``compile_fx`` with ``StreamRegionsCompiler`` as its inner compiler:
+    """Inductor's ``compile_fx`` with ``InductorGraphCompiler`` as its inner compiler:
     regions, or one compiled call per graph where ``one_call`` asks for it and it can be
     (``can_compile_one_call``).
 
@@ -544,7 +544,7 @@ def compile_fx_with_regions(
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     whole = one_call and can_compile_one_call()
-    compiler = StreamRegionsCompiler(
+    compiler = InductorGraphCompiler(
         compile_, compile_region or compile_fx_inner, on_graph, one_call=whole
     )
     inner = tagged(compiler)
