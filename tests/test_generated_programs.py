@@ -327,3 +327,29 @@ def test_backward_does_not_recompute_a_read_across_streams(program: Any) -> None
     captured = capture(program, x, w, *streams, backend="userstreams")
     (backward_graph,) = captured.backward
     assert_stream_safe(backward_graph)
+
+
+def read_by_the_backward_through_an_alias(
+    x: torch.Tensor, w: torch.Tensor, s1: torch.Stream, s2: torch.Stream
+) -> torch.Tensor:
+    """``t = tanh(x * w)`` on s1, read on s2 after a wait; tanh's gradient reads ``t``,
+    which AOTAutograd 2.11 hands the backward through an ``alias``. Counted as a tensor that
+    dies in the forward, it was not saved: 2.11's partitioner computed ``tanh`` again in the
+    backward (a kernel there, and a dealloc sync in the forward; the demo's step)."""
+    with s1:
+        t = (x * w).tanh()
+    ready = torch.Event(device="cpu")
+    ready.record(s1)
+    ready.wait(s2)
+    with s2:
+        return (t + x).relu()
+
+
+def test_a_value_the_backward_reads_through_an_alias_is_not_computed_again() -> None:
+    x, w = leaves()
+    streams = (SimStream(device="cpu"), SimStream(device="cpu"))
+    captured = capture(read_by_the_backward_through_an_alias, x, w, *streams, backend="userstreams")
+    (backward_graph,) = captured.backward
+    assert_stream_safe(backward_graph)
+    tanh = torch.ops.aten.tanh.default
+    assert not [n for n in backward_graph.graph.nodes if n.target is tanh], backward_graph.code
