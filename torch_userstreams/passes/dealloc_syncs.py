@@ -10,12 +10,12 @@ phase, record an event on B right after B's last use there, then
 tensor is held until then, so A's later allocations cannot reuse it early. This gives up
 some overlap on A after the last use (native estimates how long it can delay the wait).
 
-A forward tensor that crosses streams and is used by the backward (itself or through a
-view) is marked must-save: the partitioner then keeps it alive until the backward instead
-of computing it again there, where its new allocation would have none of the syncs above. So is a forward tensor that
-reads a value made on another stream: computed again in the backward, it would read that
-value without the forward's sync (torch 2.11, which does not wrap syncs in
-``control_deps``, let the min-cut partitioner recompute such a chain). A must-save tensor
+A forward tensor that crosses streams and is used by the backward (itself or through a view)
+is marked must-save: the partitioner then keeps it alive until the backward instead of
+computing it again there, where its new allocation would have none of the syncs above. So is
+a forward tensor that reads a value made on another stream: computed again in the backward,
+it would read that value without the forward's sync (torch 2.11, which does not wrap syncs
+in ``control_deps``, let the min-cut partitioner recompute such a chain). A must-save tensor
 the backward does not use is not saved.
 
 An incoming gradient (a tangent) is allocated on the current stream and dies in the
