@@ -124,7 +124,10 @@ def test_a_stream_passed_to_every_call_keeps_a_bounded_log() -> None:
     for _ in range(3 * simulator.LOG_LIMIT):
         compiled(torch.ones(1), side, main, done)
     assert simulator.LOG_LIMIT // 2 <= len(done.log) <= simulator.LOG_LIMIT
-    assert done.log[-2:] == [("record", side), ("wait", main)], "the latest syncs are kept"
+    recorded, waited = done.log[-2:]
+    assert recorded == ("record", side), "the latest syncs are kept"
+    # (torch 2.11 issues the wait as ``main.wait_event(done)``)
+    assert waited in (("wait", main), ("waited_by", main)), "the latest syncs are kept"
     assert simulator.LOG_LIMIT // 2 <= len(side.log) <= simulator.LOG_LIMIT
 
 
