@@ -22,21 +22,34 @@ from .observe import watcher
 LOG_LIMIT = 4096
 
 
-def _latest(obj: torch.Stream | torch.Event) -> list[tuple[str, Any]]:
-    """``obj``'s log (the getter of its ``log``), made on first use; past ``LOG_LIMIT``
-    entries, the older half goes. Each sync reads the log before it appends to it, so the
-    bound costs no call of its own."""
-    log: list[tuple[str, Any]] = obj.__dict__.setdefault("log", [])
+class _Log:
+    """``log``: an object's latest syncs, oldest first, made on first read. A non-data
+    descriptor, so that once made the list is a plain attribute of the object: a sync
+    reads it with no call of its own."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> list[tuple[str, Any]]:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        log: list[tuple[str, Any]] = obj.__dict__.setdefault("log", [])
+        return log
+
+
+def _add(log: list[tuple[str, Any]], entry: tuple[str, Any]) -> None:
+    """Append ``entry`` to ``log``; past ``LOG_LIMIT`` entries, the older half goes first."""
     if len(log) >= LOG_LIMIT:
         del log[: len(log) - LOG_LIMIT // 2]
-    return log
+    log.append(entry)
+
+
+# torch.Stream's own block methods, called without ``super()``'s lookup on each entry.
+_enter, _exit = torch.Stream.__enter__, torch.Stream.__exit__
 
 
 class SimStream(torch.Stream):
     """A ``torch.Stream`` on CPU whose sync methods succeed and are logged."""
 
     def __enter__(self) -> SimStream:
-        super().__enter__()
+        _enter(self)
         observer = watcher()
         if observer is not None:
             observer.enter(self)
@@ -46,21 +59,20 @@ class SimStream(torch.Stream):
         observer = watcher()
         if observer is not None:
             observer.exit(self)
-        super().__exit__(*exc)
+        _exit(self, *exc)
 
-    # The latest syncs made on this object, oldest first.
-    log = property(_latest)
+    log = _Log()
 
     def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
-        self.log.append(("wait_stream", stream))
+        _add(self.log, ("wait_stream", stream))
         observer = watcher()
         if observer is not None:
             observer.wait_stream(self, stream)
 
     def wait_event(self, event: torch.Event) -> None:  # type: ignore[override]
-        self.log.append(("wait_event", event))
+        _add(self.log, ("wait_event", event))
         if isinstance(event, SimEvent):
-            event.log.append(("waited_by", self))
+            _add(event.log, ("waited_by", self))
         observer = watcher()
         if observer is not None:
             observer.wait(event, self)
@@ -71,7 +83,7 @@ class SimStream(torch.Stream):
         return event
 
     def synchronize(self) -> None:
-        self.log.append(("synchronize", None))
+        _add(self.log, ("synchronize", None))
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)
@@ -80,23 +92,22 @@ class SimStream(torch.Stream):
 class SimEvent(torch.Event):
     """A ``torch.Event`` on CPU whose record and wait succeed and are logged."""
 
-    # The latest syncs made on this object, oldest first.
-    log = property(_latest)
+    log = _Log()
 
     def record(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        self.log.append(("record", stream))
+        _add(self.log, ("record", stream))
         observer = watcher()
         if observer is not None:
             observer.record(self, stream)
 
     def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
-        self.log.append(("wait", stream))
+        _add(self.log, ("wait", stream))
         observer = watcher()
         if observer is not None:
             observer.wait(self, stream)
 
     def synchronize(self) -> None:
-        self.log.append(("synchronize", None))
+        _add(self.log, ("synchronize", None))
         observer = watcher()
         if observer is not None:
             observer.synchronize(self)

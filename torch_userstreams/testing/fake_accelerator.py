@@ -27,13 +27,15 @@ import torch
 from ..simulator import SimEvent, SimStream
 
 DEVICE = torch.device("cuda", 0)
+# Where the objects really are, parsed once: each call makes its events anew.
+_HOST = torch.device("cpu")
 
 
 class FakeAcceleratorStream(SimStream):
     """A simulated stream whose device is the fake accelerator's."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FakeAcceleratorStream:
-        return super().__new__(cls, device="cpu")  # type: ignore[call-arg, no-any-return]
+        return super().__new__(cls, _HOST)  # type: ignore[call-arg, no-any-return]
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
@@ -44,7 +46,7 @@ class FakeAcceleratorEvent(SimEvent):
     """A simulated event whose device is the fake accelerator's."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FakeAcceleratorEvent:
-        return super().__new__(cls, device="cpu")  # type: ignore[call-arg, no-any-return]
+        return super().__new__(cls, _HOST)  # type: ignore[call-arg, no-any-return]
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
