@@ -271,3 +271,22 @@ def test_a_replacement_runs_on_the_stream_of_what_it_replaces(
     wrap_replace_with_graph(native)(Match(matched), graph, None, [next(iter(graph.nodes))])
     (addmm,) = graph.find_nodes(op="call_function", target=torch.addmm)
     assert stream_of(addmm) == (3 if streams == (3, 3) else None)
+
+
+def test_before_a_sync_a_constant_is_left_to_its_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What later nodes read is computed before a sync, except a value that reads nothing
+    and draws no random number (the zero of a ReLU's backward): computed in a kernel of its
+    own, it cost the demo's backward one kernel, where its readers can compute it."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    zero = graph.call_function(aten.full.default, ([], 0.0))
+    noise = graph.call_function(aten.rand.default, ([4],))
+    relu = graph.call_function(aten.relu.default, (x,))
+    later = graph.call_function(aten.where.self, (relu, zero, noise))
+    graph.output(later)
+    realized: list[Any] = []
+    monkeypatch.setattr(placed_streams, "_realize", realized.append)
+    env = {node: node for node in (x, zero, noise, relu)}  # lowered before the sync
+    placed_streams._realize_what_later_nodes_read(env)
+    assert realized == [noise, relu]

@@ -45,6 +45,7 @@ from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..inductor import reuse_syncs
+from ..inductor.early_values import computed_early
 from ..inductor.launch_code import LOOKUP, objects_resolved
 from ..inductor.placed_streams import PLACED
 from ..inductor.redundant_syncs import (
@@ -201,6 +202,7 @@ class InductorGraphCompiler:
         _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
+        computed_early(gm)
         if not self.cpu:
             backward = bool(kwargs.get("is_backward"))  # for its code (``inductor.sync_lines``)
             gm.meta[JUDGEMENT] = judgement(self.table, backward=backward)
