@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torch_userstreams.backends.inductor_graphs import inductor_runs_streams
 from torch_userstreams.fx.meta import set_stream, stream_of
 from torch_userstreams.inductor.early_values import computed_early
 
@@ -166,3 +168,33 @@ def test_a_move_keeps_values_and_every_other_nodes_order(steps: list[Any]) -> No
         reads = node.all_input_nodes
         assert all(r.op == "call_function" and stream_of(r) == stream_of(node) for r in reads)
         assert node.prev in reads or node.prev in moved
+
+
+@pytest.mark.skipif(
+    inductor_runs_streams(),
+    reason="the move runs where the package places the nodes on their streams (torch 2.11); "
+    "Inductor 2.12+ places them itself",
+)
+def test_the_demo_steps_bias_sums_are_computed_in_their_operands_kernels() -> None:
+    """The backward records an event as each gradient is made: without the move, each bias's
+    gradient (a sum) came after its weight's record and ran as a C++ kernel of its own
+    (three of them in the demo's backward)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from benchmarks.accelerator_step import BATCH, DIM, model
+    from torch_userstreams.demo.model import ForwardAndLoss
+    from torch_userstreams.patch.install import session
+    from torch_userstreams.testing.capture import no_compile_caches
+    from torch_userstreams.testing.fake_accelerator import fake_accelerator
+
+    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
+        net = model(streams=True)
+        loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
+        x, y = torch.randn(BATCH, DIM), torch.randn(BATCH, 1)
+        _, code = run_and_get_code(lambda: loss_of(x, y).backward())
+    torch._dynamo.reset()
+    kernels = re.findall(r"^\s+(cpp_fused_\w+)\(", "\n".join(code), re.MULTILINE)
+    assert any("sum" in k for k in kernels), kernels
+    assert not [k for k in kernels if re.fullmatch(r"cpp_fused_sum_\d+", k)], kernels

@@ -202,7 +202,8 @@ class InductorGraphCompiler:
         _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
-        computed_early(gm)
+        if not inductor_runs_streams():
+            computed_early(gm)  # (where the package places the nodes: 2.11)
         if not self.cpu:
             backward = bool(kwargs.get("is_backward"))  # for its code (``inductor.sync_lines``)
             gm.meta[JUDGEMENT] = judgement(self.table, backward=backward)

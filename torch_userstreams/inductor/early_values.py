@@ -17,6 +17,13 @@ The move keeps the program's order of work on every stream:
   what it reads;
 * passing a record on its stream only adds it to the work the record covers, and it
   allocates its output earlier, while no buffer freed by a later sync is free yet.
+
+Only where the package places the nodes on their streams (torch 2.11,
+``placed_streams.PLACED``): there, every value lowered before a sync that a later node reads
+is computed before it, so a value moved up is computed before the syncs it passed, with what
+it reads. Inductor 2.12+ keeps a sync after the values its ``control_deps`` follows, and a
+value moved up let Inductor compute one of those inside a kernel it launched after the sync
+(the race detector found a dealloc sync issued before the last read of its buffer).
 """
 
 from __future__ import annotations
