@@ -13,8 +13,8 @@ The move keeps the program's order of work on every stream:
 
 * the value reads only values made on its own stream, so no wait it passes orders
   anything it reads (a value made on another stream, or a graph input, keeps its place);
-* it is a pure pointwise op or reduction (no randomness, no mutation), and no node it passes writes
-  what it reads;
+* it is a pure pointwise op or reduction (no randomness, no mutation), and no node it
+  passes writes what it reads;
 * passing a record on its stream only adds it to the work the record covers, and it
   allocates its output earlier, while no buffer freed by a later sync is free yet.
 
