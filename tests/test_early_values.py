@@ -57,6 +57,13 @@ def order(gm: torch.fx.GraphModule) -> list[str]:
     return [n.name for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def assert_nothing_moves(gm: torch.fx.GraphModule) -> None:
+    """No node of ``gm`` moves, and its order stays as built."""
+    before = order(gm)
+    assert computed_early(gm) == []
+    assert order(gm) == before
+
+
 def test_a_mask_after_the_syncs_moves_up_to_what_it_reads() -> None:
     """The partitioner's place for a ReLU's mask: after every sync of the forward."""
     b = Builder()
@@ -82,9 +89,7 @@ def test_a_value_that_reads_another_streams_work_or_an_input_keeps_its_place() -
     mixed = b.op(aten.add.Tensor, mine, side, stream=1)
     of_input = b.op(aten.cos.default, b.x, stream=1)
     gm = b.module(mixed, of_input)
-    before = order(gm)
-    assert computed_early(gm) == []
-    assert order(gm) == before
+    assert_nothing_moves(gm)
 
 
 def test_a_value_passes_no_write_nor_draws_random_numbers() -> None:
@@ -96,9 +101,7 @@ def test_a_value_passes_no_write_nor_draws_random_numbers() -> None:
     b.record(1)
     noise = b.op(aten.rand_like.default, mask, stream=1)
     gm = b.module(mask, noise)
-    before = order(gm)
-    assert computed_early(gm) == []
-    assert order(gm) == before
+    assert_nothing_moves(gm)
 
 
 def test_a_value_with_no_sync_nor_other_stream_before_it_stays() -> None:
@@ -108,7 +111,7 @@ def test_a_value_with_no_sync_nor_other_stream_before_it_stays() -> None:
     b.op(aten.mm.default, relu, relu, stream=1)
     mask = b.op(aten.le.Scalar, relu, 0, stream=1)
     gm = b.module(mask)
-    assert computed_early(gm) == []
+    assert_nothing_moves(gm)
 
 
 # A generated program: each step an op on a stream (None, 1 or 2) reading earlier values, or

@@ -202,8 +202,6 @@ class InductorGraphCompiler:
         _refuse_syncs_in_subgraphs(gm, gm.graph.nodes, self.table)
         run_passes(gm, (FACTORIES_PASS,), self.compile_)
         factories_on_their_readers_stream(gm)
-        if not inductor_runs_streams():
-            computed_early(gm)  # (where the package places the nodes: 2.11)
         if not self.cpu:
             backward = bool(kwargs.get("is_backward"))  # for its code (``inductor.sync_lines``)
             gm.meta[JUDGEMENT] = judgement(self.table, backward=backward)
@@ -211,9 +209,11 @@ class InductorGraphCompiler:
         resync = {"post_grad_custom_post_pass": self._resync_after(gm)}
         # A CPU graph has no sync left, nor a ``control_deps`` to pin one.
         reuse = {} if self.cpu else {**NO_BUFFER_REUSE, **control_deps_cached()}
-        placed = {} if inductor_runs_streams() else PLACED_CONFIG
-        if not inductor_runs_streams():
+        places = not inductor_runs_streams()  # the package places the nodes (2.11)
+        if places:
+            computed_early(gm)
             gm.meta[PLACED] = True  # (``inductor.placed_streams``)
+        placed = PLACED_CONFIG if places else {}
         with keyed_by_streams(gm), inductor_config.patch({**reuse, **placed, **resync}):
             compiled = self.compile_region(gm, example_inputs, **whole_kwargs)
         if not self.cpu:  # (a CPU graph's reads were noted without its syncs)
