@@ -45,6 +45,7 @@ from ..fx.control_deps import SyncCall, alias_of
 from ..fx.meta import is_backward_graph, mark_graph_phase
 from ..fx.subgraphs import held_by
 from ..inductor import reuse_syncs
+from ..inductor.after_waits import computed_after_waits
 from ..inductor.early_values import computed_early
 from ..inductor.launch_code import LOOKUP, objects_resolved
 from ..inductor.placed_streams import PLACED
@@ -213,6 +214,8 @@ class InductorGraphCompiler:
         if places:
             computed_early(gm)
             gm.meta[PLACED] = True  # (``inductor.placed_streams``)
+        elif not self.cpu:
+            computed_after_waits(gm)
         placed = PLACED_CONFIG if places else {}
         with keyed_by_streams(gm), inductor_config.patch({**reuse, **placed, **resync}):
             compiled = self.compile_region(gm, example_inputs, **whole_kwargs)

@@ -134,6 +134,21 @@ def is_view(node: torch.fx.Node) -> bool:
     return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+def is_constant(node: torch.fx.Node) -> bool:
+    """A value that reads nothing and has no effect (``full``): no sync orders it, so its
+    readers may compute it wherever they run."""
+    target = node.target
+    return (
+        node.op == "call_function"
+        and not node.all_input_nodes
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "aten"  # (a sync reads no node either)
+        and not target._schema.is_mutable
+        and torch.Tag.nondeterministic_seeded not in target.tags
+        and target not in torch.fx.node._side_effectful_functions
+    )
+
+
 def made_by(node: torch.fx.Node) -> torch.fx.Node:
     """The node that computed ``node``'s data: a view reads its base's (and the partitioner
     recomputes views freely, whatever their tag)."""

@@ -8,6 +8,8 @@ In the order a graph goes through them (the backend that calls them is
 * its syncs, placed again after Inductor's joint-graph passes: ``reuse_syncs``;
 * its pointwise values and reductions, moved up to what their own stream made, past the
   syncs the partitioner put before them, so that Inductor fuses them (2.11): ``early_values``;
+* its pure values that a wait on an event holds before it (torch 2.12+ wraps each sync in
+  ``control_deps``), computed after the wait, in the kernels that read them: ``after_waits``;
 * its nodes, placed on their streams (torch 2.11, whose Inductor runs one stream):
   ``placed_streams``, and ``pattern_streams`` for the pattern matcher's replacements;
 * its syncs, kept where the graph put them by Inductor's scheduler: ``sync_order``;

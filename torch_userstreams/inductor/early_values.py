@@ -35,7 +35,7 @@ from ..fx.meta import stream_of
 from ..fx.ops import is_sync_op
 
 
-def _fusable(node: torch.fx.Node) -> bool:
+def fusable(node: torch.fx.Node) -> bool:
     """A pure pointwise op or reduction: what Inductor fuses into its operands' kernel."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
@@ -48,7 +48,7 @@ def _fusable(node: torch.fx.Node) -> bool:
     )
 
 
-def _may_write(node: torch.fx.Node) -> bool:
+def may_write(node: torch.fx.Node) -> bool:
     """Whether ``node`` may write a tensor it reads: anything but a sync or a functional op."""
     if node.op != "call_function" or is_sync_op(node.target):
         return False
@@ -69,7 +69,7 @@ def _anchor(node: torch.fx.Node, stream: int | None) -> torch.fx.Node | None:
     while cursor not in reads:
         passed.append(cursor)
         cursor = cursor.prev
-    if any(_may_write(n) for n in passed):
+    if any(may_write(n) for n in passed):
         return None
     # Worth a move only past a sync or another stream's work: otherwise Inductor fuses as is.
     if not any(is_sync_op(n.target) or stream_of(n) != stream for n in passed):
@@ -82,7 +82,7 @@ def computed_early(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     made to right after the last of them (module docstring); the nodes moved, in order."""
     moved = []
     for node in list(gm.graph.nodes):
-        if not _fusable(node):
+        if not fusable(node):
             continue
         anchor = _anchor(node, stream_of(node))  # (None: the stream the call began on)
         if anchor is not None:

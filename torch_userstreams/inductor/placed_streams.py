@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..fx.meta import stream_of
-from ..fx.ops import is_sync_op
+from ..fx.ops import is_constant, is_sync_op
 from ..originals import carries, shadowed
 from .sync_order import is_sync
 from .wrapper_lines import block_lines, writes_no_code
@@ -200,25 +200,12 @@ def wrap_run_node(native: RunNode) -> RunNode:
 
 
 def _realize_what_later_nodes_read(env: dict[Any, Any]) -> None:
+    """Before a sync, what a later node reads; not a constant (``full``): its readers
+    compute it inside their own kernels, after the sync, as Inductor does without streams,
+    rather than in a kernel of its own before it."""
     for node, value in env.items():
-        if any(user not in env for user in node.users) and not _constant(node):
+        if any(user not in env for user in node.users) and not is_constant(node):
             _realize(value)
-
-
-def _constant(node: Any) -> bool:
-    """A value that reads nothing and draws no random number (``full``): no sync orders
-    it, so its readers compute it inside their own kernels, after the sync, as Inductor
-    does without streams, rather than in a kernel of its own before it."""
-    import torch
-
-    target = getattr(node, "target", None)
-    return (
-        node.op == "call_function"
-        and not node.all_input_nodes
-        and isinstance(target, torch._ops.OpOverload)
-        and not target._schema.is_mutable
-        and torch.Tag.nondeterministic_seeded not in target.tags
-    )
 
 
 def _realize_what_another_stream_made(node: Any, env: dict[Any, Any]) -> None:
