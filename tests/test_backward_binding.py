@@ -316,6 +316,9 @@ def test_the_walk_stops_once_it_found_every_node_the_call_made() -> None:
     out = torch.zeros(1).as_subclass(_Out)
     out.node = node = _Node(7)
     assert list(nodes_made(out, 7, 8, inputs=())) == [node]
+    # An output whose own node is older (not the call's): nothing, as the walk never passes
+    # a node outside the call's range.
+    assert list(nodes_made(out, 8, 9, inputs=())) == []
     # A call that made four nodes in a chain: the walk goes on until it has all four.
     x = torch.rand(3, requires_grad=True)
     first = torch._C._autograd._get_sequence_nr()

@@ -60,9 +60,16 @@ def nodes_made(
     (``inputs=None``: an input the call mutated in place) it can do neither.
 
     Nodes are told apart by identity: a C++ node keeps one Python object while a reference
-    to it lives, and the walk holds every node it visits.
+    to it lives, and the walk holds every node it visits. A call that made one node (a
+    compiled graph's) is most often an output's own node: that one is yielded with no walk.
     """
     made = -1 if inputs is None else last - first
+    if made == 1:  # the common case (one compiled node): an output's own node, if any
+        for tensor in _tensors(out):
+            node = tensor.grad_fn
+            if node is not None and node._sequence_nr() == first:
+                yield node
+                return
     todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     visited: set[Any] = set()
     stops: set[Any] | None = None  # the inputs' nodes, looked up before the first step back

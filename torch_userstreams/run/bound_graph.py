@@ -118,7 +118,10 @@ def runner(bound: BoundGraph) -> Callable[..., Any]:
 
 
 def _carries_graph(values: Any) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in values)
+    for value in values:  # (a loop: no generator to make on each call)
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+            return True
+    return False
 
 
 def _hand_over(
