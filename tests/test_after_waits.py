@@ -65,13 +65,22 @@ class Builder:
         return torch.fx.GraphModule(self.root, self.graph)
 
 
+SYNCS = (
+    streams.wait_event.default,
+    streams.record_event.default,
+    streams.wait_stream.default,
+    streams.sync_dealloc.default,
+)
+
+
 class WithoutSyncs(torch.fx.Interpreter):
-    """Runs a graph's ops on CPU, a control_deps as the passthrough of its operands."""
+    """Runs a graph's ops on CPU, its syncs as no-ops; a control_deps runs its subgraph (what
+    it returns is what its passthroughs read)."""
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if target is _control_deps():
-            return (None, *args[2:])
-        if target is streams.sync_dealloc.default:
+            return tuple(WithoutSyncs(args[1]).run(*args[2:]))
+        if target in SYNCS:
             return None
         return super().call_function(target, args, kwargs)
 
@@ -128,19 +137,27 @@ def test_a_chain_moves_together_and_the_other_passthroughs_are_renumbered() -> N
     b.op(streams.sync_dealloc.default, 1, 0, kept)  # stops the walk: ``kept`` stays
     square = b.op(aten.mul.Tensor, b.x, b.x)
     derivative = b.op(aten.rsub.Scalar, square, 1)
-    kept_passed, derivative_passed = b.wait((b.x, kept, square, derivative), kept, derivative)
+    derivative_passed, kept_passed = b.wait((b.x, kept, square, derivative), derivative, kept)
+    wait = derivative_passed.args[0]
+    assert isinstance(wait, torch.fx.Node)
+    wait.meta["val"] = ("sync", "derivative", "kept")
     gm = b.module(b.op(aten.mul.Tensor, derivative_passed, kept_passed))
+    subgraph = getattr(gm, str(wait.args[1].target))
     before = values(gm)
     assert [n.name for n in computed_after_waits(gm)] == ["mul_tensor", "rsub_scalar"]
     assert order(gm)[-5:] == [
         "control_deps",
         "mul_tensor",
         "rsub_scalar",
-        "getitem",
+        "getitem_1",
         "mul_tensor_1",
     ]
-    getitem = next(n for n in gm.graph.nodes if n.name == "getitem")
-    assert getitem.args[1] == 1 and wait_node(gm).args[2:] == (kept,)
+    getitem = next(n for n in gm.graph.nodes if n.name == "getitem_1")
+    assert getitem.args[1] == 1 and wait.args[2:] == (kept,)  # was item 2
+    assert wait.meta["val"] == ("sync", "kept")
+    fresh = getattr(gm, str(wait.args[1].target))
+    assert [n.op for n in fresh.graph.nodes] == ["placeholder", "call_function", "output"]
+    assert len([n for n in subgraph.graph.nodes if n.op == "placeholder"]) == 2  # not edited
     assert [torch.equal(a, b) for a, b in zip(values(gm), before, strict=True)] == [True]
 
 

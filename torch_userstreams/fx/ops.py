@@ -135,8 +135,8 @@ def is_view(node: torch.fx.Node) -> bool:
 
 
 def is_constant(node: torch.fx.Node) -> bool:
-    """A value that reads nothing and has no effect (``full``): no sync orders it, so its
-    readers may compute it wherever they run."""
+    """A value that reads nothing and has no effect (``full``, or an allocation such as
+    ``empty``): no sync orders it, so wherever its readers run, they read the same."""
     target = node.target
     return (
         node.op == "call_function"

@@ -20,7 +20,9 @@ A value moves only when moving it keeps every stream's program of work:
 So on its own stream it only runs later, after a wait (which orders more, never less); on
 any other stream nothing it reads or writes is ordered differently. A constant the wait
 holds (``full``, which reads nothing) does not move: the wait lets go of it, and its readers
-compute it.
+compute it. A reader of a moved value or a released constant no longer reads the wait's
+passthrough; if it ran before the wait after all, it would run where the value was
+computed before the move, which was correct too.
 
 Only a wait on an event: a record covers the work issued before it, and so does
 ``wait_stream`` on the stream it waits for (moving a value of that stream past it races:
@@ -29,7 +31,9 @@ the race detector's joined programs), so values before those stay there.
 
 from __future__ import annotations
 
+import copy
 import operator
+from typing import Any
 
 import torch
 import torch.fx
@@ -86,12 +90,37 @@ def _movable(wait: torch.fx.Node) -> list[torch.fx.Node]:
     return [n for n in wait.graph.nodes if n in moving]
 
 
+def _without(values: Any, kept: list[int]) -> Any:
+    """A ``control_deps`` value (the sync's result, then its operands) with ``kept`` only."""
+    if not isinstance(values, (list, tuple)):
+        return values
+    return (values[0], *(values[1 + i] for i in kept))
+
+
+def _fresh_subgraph(gm: torch.fx.GraphModule, wait: torch.fx.Node) -> torch.fx.GraphModule:
+    """A copy of ``wait``'s subgraph under a new name, read by ``wait`` alone: the original
+    may be shared (the partitioner's modules keep the joint graph's by reference)."""
+    attr: torch.fx.Node = wait.args[1]  # type: ignore[assignment]  # (``_rewritable``)
+    copied = copy.deepcopy(getattr(gm, str(attr.target)))
+    name, suffix = f"{attr.target}_after_waits", 0
+    while hasattr(gm, f"{name}_{suffix}"):
+        suffix += 1
+    gm.add_submodule(f"{name}_{suffix}", copied)
+    with gm.graph.inserting_before(wait):
+        fresh = gm.graph.get_attr(f"{name}_{suffix}")
+    wait.replace_input_with(attr, fresh)
+    if not attr.users:
+        gm.graph.erase_node(attr)
+    return copied
+
+
 def _drop_operands(
     gm: torch.fx.GraphModule, wait: torch.fx.Node, moving: list[torch.fx.Node]
 ) -> None:
     """Take ``moving`` out of ``wait``'s dependencies and operands, its subgraph's
     placeholders and outputs, and its passthroughs (their readers read the value itself).
     Item ``i`` of ``wait`` passes operand ``i - 1`` through; item 0 is the sync's result."""
+    subgraph = _fresh_subgraph(gm, wait)
     deps, subgraph_attr, *operands = wait.args
     gone = set(moving)
     kept = [i for i, operand in enumerate(operands) if operand not in gone]
@@ -107,7 +136,6 @@ def _drop_operands(
         else:
             user.replace_all_uses_with(operands[item - 1])  # type: ignore[arg-type]
             wait.graph.erase_node(user)
-    subgraph = getattr(gm, str(subgraph_attr.target))  # type: ignore[union-attr]
     placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
     output = next(n for n in subgraph.graph.nodes if n.op == "output")
     result, *_ = output.args[0]
@@ -118,21 +146,19 @@ def _drop_operands(
     subgraph.recompile()
     kept_deps = tuple(n for n in deps if n not in gone)  # type: ignore[union-attr]
     wait.args = (kept_deps, subgraph_attr, *(operands[i] for i in kept))
-    value = wait.meta.get("val")
-    if isinstance(value, tuple):
-        wait.meta["val"] = (value[0], *(value[1 + i] for i in kept))
+    for node in (wait, output):
+        if "val" in node.meta:
+            node.meta["val"] = _without(node.meta["val"], kept)
 
 
-def _rewritable(gm: torch.fx.GraphModule, wait: torch.fx.Node) -> bool:
-    """Whether ``wait`` has the shape ``_drop_operands`` rewrites: its subgraph, read by it
-    alone (it is rewritten in place), returns the sync's result and then its placeholders,
-    in order; every reader of ``wait`` is a ``getitem`` or a later sync that depends on it."""
+def _rewritable(wait: torch.fx.Node) -> bool:
+    """Whether ``wait`` has the shape ``_drop_operands`` rewrites: its subgraph returns the
+    sync's result and then its placeholders, in order; every reader of ``wait`` is a
+    ``getitem`` or a later sync that depends on it."""
     attr = wait.args[1]
-    if not isinstance(attr, torch.fx.Node) or attr.op != "get_attr" or list(attr.users) != [wait]:
+    if not isinstance(attr, torch.fx.Node) or attr.op != "get_attr":
         return False
-    if sum(1 for n in gm.graph.nodes if n.op == "get_attr" and n.target == attr.target) != 1:
-        return False
-    subgraph = getattr(gm, str(attr.target))
+    subgraph = getattr(wait.graph.owning_module, str(attr.target))
     placeholders = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
     output = next(n for n in subgraph.graph.nodes if n.op == "output")
     returned = output.args[0]
@@ -158,7 +184,7 @@ def computed_after_waits(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     go of the constants it holds (module docstring); those nodes, in order."""
     moved: list[torch.fx.Node] = []
     for wait in [n for n in gm.graph.nodes if _is_wait(gm, n)]:
-        if not _rewritable(gm, wait):
+        if not _rewritable(wait):
             continue
         moving = _movable(wait)
         released = moving + _constants(wait)
