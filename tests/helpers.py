@@ -81,3 +81,26 @@ class Messages(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def demo_step_kernels() -> list[str]:
+    """The C++ kernels one demo training step launches (forward and backward), compiled by
+    ``userstreams`` on the fake accelerator, in launch order."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from benchmarks.accelerator_step import BATCH, DIM, model
+    from torch_userstreams.demo.model import ForwardAndLoss
+    from torch_userstreams.patch.install import session
+    from torch_userstreams.testing.capture import no_compile_caches
+    from torch_userstreams.testing.fake_accelerator import fake_accelerator
+
+    torch._dynamo.reset()
+    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
+        net = model(streams=True)
+        loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
+        x, y = torch.randn(BATCH, DIM), torch.randn(BATCH, 1)
+        _, code = run_and_get_code(lambda: loss_of(x, y).backward())
+    torch._dynamo.reset()
+    return re.findall(r"^\s+(cpp_fused_\w+)\(", "\n".join(code), re.MULTILINE)

@@ -6,13 +6,13 @@ values are kept; then the demo's step, compiled. Every generated program that
 from __future__ import annotations
 
 import operator
-import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.fx
+from helpers import demo_step_kernels
 
 from torch_userstreams.backends.inductor_graphs import inductor_runs_streams
 from torch_userstreams.fx.control_deps import is_control_deps
@@ -232,26 +232,13 @@ def test_a_wait_left_with_no_dependency_keeps_its_values() -> None:
 
 
 def step_kernels(after_waits: bool, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from torch._inductor.utils import run_and_get_code
-
-    from benchmarks.accelerator_step import BATCH, DIM, model
     from torch_userstreams.backends import inductor_graphs
-    from torch_userstreams.demo.model import ForwardAndLoss
-    from torch_userstreams.patch.install import session
-    from torch_userstreams.testing.capture import no_compile_caches
-    from torch_userstreams.testing.fake_accelerator import fake_accelerator
 
     if not after_waits:
         monkeypatch.setattr(inductor_graphs, "computed_after_waits", lambda gm: [])
-    torch._dynamo.reset()
-    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
-        net = model(streams=True)
-        loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
-        x, y = torch.randn(BATCH, DIM), torch.randn(BATCH, 1)
-        _, code = run_and_get_code(lambda: loss_of(x, y).backward())
-    torch._dynamo.reset()
+    kernels = demo_step_kernels()
     monkeypatch.undo()
-    return re.findall(r"^\s+(cpp_fused_\w+)\(", "\n".join(code), re.MULTILINE)
+    return kernels
 
 
 def test_the_demo_backwards_derivatives_fuse_into_the_kernels_that_read_them(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
+from helpers import demo_step_kernels
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -184,20 +185,6 @@ def test_the_demo_steps_bias_sums_are_computed_in_their_operands_kernels() -> No
     (three of them in the demo's backward)."""
     import re
 
-    from torch._inductor.utils import run_and_get_code
-
-    from benchmarks.accelerator_step import BATCH, DIM, model
-    from torch_userstreams.demo.model import ForwardAndLoss
-    from torch_userstreams.patch.install import session
-    from torch_userstreams.testing.capture import no_compile_caches
-    from torch_userstreams.testing.fake_accelerator import fake_accelerator
-
-    with session(), fake_accelerator(gpu_semantics=True), no_compile_caches():
-        net = model(streams=True)
-        loss_of = torch.compile(ForwardAndLoss(net), backend="userstreams")
-        x, y = torch.randn(BATCH, DIM), torch.randn(BATCH, 1)
-        _, code = run_and_get_code(lambda: loss_of(x, y).backward())
-    torch._dynamo.reset()
-    kernels = re.findall(r"^\s+(cpp_fused_\w+)\(", "\n".join(code), re.MULTILINE)
+    kernels = demo_step_kernels()
     assert any("sum" in k for k in kernels), kernels
     assert not [k for k in kernels if re.fullmatch(r"cpp_fused_sum_\d+", k)], kernels
