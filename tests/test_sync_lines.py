@@ -21,6 +21,7 @@ from torch_userstreams.backends import inductor_graphs
 from torch_userstreams.backends.inductor_graphs import inductor_runs_streams
 from torch_userstreams.compile.table import EntryKind
 from torch_userstreams.demo.model import ForwardAndLoss, make_batches
+from torch_userstreams.inductor import sync_lines
 from torch_userstreams.inductor.launch_code import objects_resolved
 from torch_userstreams.testing.races import RaceReport, detect_races
 
@@ -223,3 +224,22 @@ def test_code_with_a_sync_left_as_an_op_call_may_read_any_object() -> None:
     stream = "    stream1 = get_external_object_by_index(7)\n"
     assert objects_resolved(code + stream) == {3, 4, 7}
     assert objects_resolved(code + "torch.ops.streams.record_event.default(9, 3)\n") is None
+
+
+def test_a_syncs_arguments_read_as_inductor_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sync_in`` reads a sync's arguments without Inductor's ``codegen_args`` (which
+    defines a class on each call): on every sync line of the demo's step, what it reads is
+    what Inductor writes, a deallocation sync's buffer operand included."""
+    read: list[tuple[list[str], list[str]]] = []
+    ours = sync_lines._arguments
+
+    def compared(node: Any) -> tuple[list[str], bool]:
+        args, has_kwargs = ours(node)
+        read.append((args, [str(arg) for arg in node.codegen_args()]))
+        return args, has_kwargs
+
+    monkeypatch.setattr(sync_lines, "_arguments", compared)
+    training_step(monkeypatch, judged=True)
+    assert read, "the step's code has sync lines"
+    assert all(args == inductors for args, inductors in read), read
+    assert any(not arg.isdigit() for args, _ in read for arg in args), "a buffer operand"

@@ -60,8 +60,8 @@ def sync_in(line: Any) -> SyncCall | None:
     if target is None or not isinstance(node.layout, ir.NoneLayout):
         return None
     roles = SYNC_ROLES.get(op_name(target), ())
-    args = [str(arg) for arg in node.codegen_args()]
-    if node.codegen_kwargs() or len(args) != len(roles):
+    args, has_kwargs = _arguments(node)
+    if has_kwargs or node.codegen_kwargs() or len(args) != len(roles):
         return None
     values: list[Any] = []
     for role, arg in zip(roles, args, strict=True):
@@ -69,6 +69,33 @@ def sync_in(line: Any) -> SyncCall | None:
             return None
         values.append(int(arg) if role in OBJECT_ROLES else arg)
     return SyncCall(None, target, tuple(values))
+
+
+class _Operand:
+    """A tensor operand of a sync, written as the name Inductor's code gives its buffer."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _arguments(node: Any) -> tuple[list[str], bool]:
+    """A sync call's positional arguments as Inductor's wrapper writes them, and whether it
+    has keyword arguments: what ``FallbackKernel.codegen_args`` gives, without the class it
+    defines on each call (about 0.5 ms each; each sync's line is read several times while a
+    graph's code is written) and without recording the keywords on the node."""
+    from torch._inductor.virtualized import V
+
+    if not callable(getattr(node, "unflatten_args", None)):  # not a fallback kernel
+        return [str(arg) for arg in node.codegen_args()], False
+    operands = [_Operand(operand.codegen_reference()) for operand in node.inputs]
+    args, kwargs = node.unflatten_args(operands, node.constant_args)
+    write = V.graph.wrapper_code.val_to_arg_str
+    return [write(arg) for arg in args], bool(kwargs)
 
 
 def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -> list[Any]:
