@@ -252,7 +252,9 @@ def test_a_read_stays_before_the_sync_that_frees_its_buffer(
         monkeypatch.setattr(reuse_syncs, "PINNED_PASS", reuse_syncs.PASS)
         # 2.11 has no control_deps to pin with: its Inductor computes every value read
         # after a sync before it instead.
-        monkeypatch.setattr(placed_streams, "_realize_what_later_nodes_read", lambda env: None)
+        monkeypatch.setattr(
+            placed_streams, "_realize_what_later_nodes_read", lambda env, settled: None
+        )
     if not after_inductor:
         monkeypatch.setattr(reuse_syncs, "resync_after_post_grad", lambda gm, table, user: user)
     report, code = _clone_between_streams_raced()
@@ -297,7 +299,9 @@ def test_work_before_a_sync_runs_on_its_own_stream(
     if not computed_before_syncs:
         if inductor_runs_streams():
             pytest.skip("2.12+ computes it through control_deps, which the package keeps")
-        monkeypatch.setattr(placed_streams, "_realize_what_later_nodes_read", lambda env: None)
+        monkeypatch.setattr(
+            placed_streams, "_realize_what_later_nodes_read", lambda env, settled: None
+        )
     report, code = _clone_between_streams_raced()
     assert bool(report) is computed_before_syncs, report
     (s0, made), *later = kernels_by_block(code)

@@ -191,7 +191,8 @@ def wrap_run_node(native: RunNode) -> RunNode:
         if not placing(self.module):
             return native(self, n)
         if is_sync_op(getattr(n, "target", None)):
-            _realize_what_later_nodes_read(self.env)
+            settled = self.__dict__.setdefault(_SETTLED, set())
+            _realize_what_later_nodes_read(self.env, settled)
         elif n.op == "call_function":
             _realize_what_another_stream_made(n, self.env)
         return native(self, n)
@@ -199,11 +200,21 @@ def wrap_run_node(native: RunNode) -> RunNode:
     return run_node
 
 
-def _realize_what_later_nodes_read(env: dict[Any, Any]) -> None:
+# On the ``GraphLowering`` placing a graph: the nodes an earlier sync settled (computed into
+# a buffer, or read by no node lowered after it). A value's buffer stays, and a node read
+# only by nodes already lowered is never read later, so no later sync looks at them again.
+_SETTLED = "_torch_userstreams_settled"
+
+
+def _realize_what_later_nodes_read(env: dict[Any, Any], settled: set[Any]) -> None:
     """Before a sync, what a later node reads; not a constant (``full``): its readers
     compute it inside their own kernels, after the sync, as Inductor does without streams,
-    rather than in a kernel of its own before it."""
+    rather than in a kernel of its own before it. ``settled``: the nodes an earlier sync of
+    the graph looked at, which this one skips (it adds the ones it looks at)."""
     for node, value in env.items():
+        if node in settled:
+            continue
+        settled.add(node)
         if any(user not in env for user in node.users) and not is_constant(node):
             _realize(value)
 
