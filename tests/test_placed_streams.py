@@ -284,9 +284,17 @@ def test_before_a_sync_a_constant_is_left_to_its_readers(monkeypatch: pytest.Mon
     noise = graph.call_function(aten.rand.default, ([4],))
     relu = graph.call_function(aten.relu.default, (x,))
     later = graph.call_function(aten.where.self, (relu, zero, noise))
-    graph.output(later)
+    negated = graph.call_function(aten.neg.default, (relu,))
+    graph.output((later, negated))
     realized: list[Any] = []
     monkeypatch.setattr(placed_streams, "_realize", realized.append)
     env = {node: node for node in (x, zero, noise, relu)}  # lowered before the sync
-    placed_streams._realize_what_later_nodes_read(env)
+    settled: set[Any] = set()
+    placed_streams._realize_what_later_nodes_read(env, settled)
     assert realized == [noise, relu]
+    # A later sync of the same graph looks only at what was lowered since: ``noise`` and
+    # ``relu``, still read later, are in their buffers already and not realized again.
+    assert settled == set(env)
+    env[negated] = negated
+    placed_streams._realize_what_later_nodes_read(env, settled)
+    assert realized == [noise, relu, negated]
