@@ -11,7 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_userstreams.fx.control_deps import SyncCall
-from torch_userstreams.inductor.redundant_syncs import without_redundant_waits
+from torch_userstreams.inductor.redundant_syncs import (
+    Judgement,
+    pairs_on_one_stream,
+    without_redundant_waits,
+)
 from torch_userstreams.inductor.regions import Region, Step
 from torch_userstreams.run.own_ops import sync_op
 
@@ -375,3 +379,63 @@ def test_what_is_left_out_changes_no_order(
     shared = SHARED if aliased or said else frozenset()
     kept = without_redundant_waits(steps, lambda event: event >= 10, CURRENT, shared)
     assert _orders(kept, named) == _orders(steps, named)
+
+
+def _package(event: Any) -> bool:
+    return bool(event >= 10)
+
+
+def test_a_record_and_its_one_wait_between_two_indices_of_one_stream_are_guarded() -> None:
+    """A package event recorded on the current stream's index and waited on a frame stream
+    that may be the same object (the demo's ``main``): both syncs get the two indices, and
+    a dealloc sync is a wait like any other."""
+    steps = [work(0), record(10, 0), wait(10, 2), work(2), record(11, 2), dealloc(11, 0)]
+    assert pairs_on_one_stream(steps, _package, SHARED) == {
+        1: (0, 2),
+        2: (0, 2),
+        4: (2, 0),
+        5: (2, 0),
+    }
+
+
+def test_no_guard_where_the_indices_are_two_streams_or_the_event_is_read_again() -> None:
+    # A stream the graph makes (not shared) is never another index's stream.
+    assert pairs_on_one_stream([record(10, 0), wait(10, 4)], _package, SHARED) == {}
+    # One index on both sides: nothing to check at run time (the judge's own business).
+    assert pairs_on_one_stream([record(10, 2), wait(10, 2)], _package, SHARED) == {}
+    # A user's event may be read after the graph.
+    assert pairs_on_one_stream([record(7, 0), wait(7, 2)], _package, SHARED) == {}
+    # Waited on two streams, recorded twice, or waited before its record.
+    twice = [record(10, 0), wait(10, 2), wait(10, 3)]
+    again = [record(10, 0), wait(10, 2), record(10, 3)]
+    assert pairs_on_one_stream(twice, _package, SHARED) == {}
+    assert pairs_on_one_stream(again, _package, SHARED) == {}
+    assert pairs_on_one_stream([wait(10, 2), record(10, 0)], _package, SHARED) == {}
+
+
+def test_a_forward_guards_nothing() -> None:
+    """A forward's record may be waited for by its backward, where this cannot see it."""
+    steps = [record(10, 0), wait(10, 2)]
+    forward = Judgement((10,), (0,), (0, 2, 3), keep_records=True)
+    backward = Judgement((10,), (0,), (0, 2, 3), keep_records=False)
+    assert forward.pairs_on_one_stream(steps) == {}
+    assert backward.pairs_on_one_stream(steps) == {0: (0, 2), 1: (0, 2)}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_PROGRAMS, _NAMED)
+def test_the_pairs_skipped_where_two_indices_name_one_stream_change_no_order(
+    drawn: list[Step], named: dict[int, int]
+) -> None:
+    """After the redundant waits are left out, a backward skips each guarded pair whose two
+    indices name one stream: every work step still runs after the same work, and the graph
+    ends with each stream and each user event ordered as before."""
+    steps = _as_placed(drawn)
+    kept = without_redundant_waits(steps, _package, CURRENT, SHARED)
+    guards = pairs_on_one_stream(kept, _package, SHARED)
+    run = [
+        step
+        for position, step in enumerate(kept)
+        if position not in guards or named[guards[position][0]] != named[guards[position][1]]
+    ]
+    assert _orders(run, named) == _orders(steps, named)

@@ -22,7 +22,9 @@ host). While installed, the code Inductor generates for a graph with streams ins
 * issues each sync as the method of its objects (``user_object9.record(user_object0)``,
   ``fx.ops.SYNC_METHODS``) where the op's arguments are plain table indices, and leaves out
   the waits its own order makes redundant (``sync_lines``: for a graph the package's
-  backend compiles);
+  backend compiles); a backward's record and its one wait between two stream indices that
+  may name one stream are issued only when they do not (``if user_object0 !=
+  user_object2: user_object9.record(user_object0)``);
 * never joins nodes of two streams into one C++ kernel (``_flushed_at_each_stream_switch``),
   nor nodes on either side of a sync (``sync_order.flushed_at_syncs``, on every graph
   with a sync).
@@ -125,8 +127,9 @@ def _stream_block_line() -> type:
     return EnterUserStreamLine
 
 
-def _rewritten(line: Any, objects: set[int]) -> Any:
-    """``line`` as this module writes it (adding the objects it uses to ``objects``)."""
+def _rewritten(line: Any, objects: set[int], guards: sync_lines.Guards) -> Any:
+    """``line`` as this module writes it (adding the objects it uses to ``objects``); a
+    sync with a guard only where the guard's two streams are different streams."""
     from torch._inductor.codegen import wrapper
 
     enter, _ = block_lines()
@@ -141,8 +144,16 @@ def _rewritten(line: Any, objects: set[int]) -> Any:
     direct = sync_as_method(line)
     if direct is None:
         return line
-    objects |= direct[1]
-    return direct[0]
+    method, named = direct
+    objects |= named
+    guard = guards.get(id(line))
+    if guard is None:
+        return method
+    objects.update(guard)
+    # Equality, not identity: each call to ``current_stream()`` on CUDA makes a new object
+    # for the one stream, and two CUDA streams are equal where they are one.
+    one, other = (OBJECT_NAME.format(index) for index in guard)
+    return f"if {one} != {other}: {method}"
 
 
 @contextlib.contextmanager
@@ -199,8 +210,8 @@ def wrap_codegen(native: Codegen) -> Codegen:
         # or what a wait there is covered by, may be in another partition.
         whole = len(nodes) == len(self.nodes)
         judgement = getattr(graph.module, "meta", {}).get(JUDGEMENT) if whole else None
-        lines = sync_lines.issued(wrapper.lines[start:], judgement, streams)
-        wrapper.lines[start:] = [_rewritten(line, objects) for line in lines]
+        lines, guards = sync_lines.issued(wrapper.lines[start:], judgement, streams)
+        wrapper.lines[start:] = [_rewritten(line, objects, guards) for line in lines]
         for line in _IMPORTS:
             if not wrapper.imports.contains(line):
                 wrapper.imports.writeline(line)

@@ -17,6 +17,13 @@ regions ``regions.split`` made, or the lines of a one-call graph's code, ``induc
   side stream, the second later, and only the second wait is needed;
 * then the record of a package-made event nothing reads any more.
 
+``pairs_on_one_stream`` then finds, in a backward's program, each package-made event
+recorded once on one stream index and waited once (a wait or a dealloc sync) on another,
+where both indices may name one stream (the user passed the current stream as a stream of
+its own, as the demo's ``main`` does): when they are one stream at run time the pair orders
+nothing, and the generated code skips both after comparing the two streams
+(``if user_object0 != user_object2:``) instead of two calls of the accelerator's runtime.
+
 A stream's point counts what may have added to its order: work on it, a wait that adds
 something. Two indices may name one stream (``shared``: a user passes the current stream as
 a side stream, or one stream twice), so work or a wait on any index that may name it counts
@@ -255,6 +262,44 @@ def _unread_record(step: Step, read: set[Any], holdable: Callable[[Any], bool]) 
     return holdable(event) and event not in read
 
 
+# The two stream indices of a record and its one wait: when they name one stream at run
+# time, neither sync orders anything.
+Guard = tuple[int, int]
+
+
+def pairs_on_one_stream(
+    steps: list[Step], holdable: Callable[[Any], bool], shared: frozenset[int]
+) -> dict[int, Guard]:
+    """The positions in ``steps`` of each package-made event's record and its one wait where
+    the two are on different stream indices that may name one stream (both in ``shared``),
+    each with the pair's two indices. The event is named by no other step, and recorded
+    before it is waited, so with the two indices one stream the wait is after the record on
+    that stream already: both can be skipped, and nothing else reads the event. A dealloc
+    sync's wait too: a buffer freed on the stream that last used it is reused after that
+    use, in that stream's order."""
+    named: dict[Any, list[int]] = {}
+    for position, step in enumerate(steps):
+        if isinstance(step, SyncCall):
+            event = _event(step)
+            if event is not None and holdable(event):
+                named.setdefault(event, []).append(position)
+    guards: dict[int, Guard] = {}
+    for positions in named.values():
+        if len(positions) != 2:
+            continue
+        first, then = (steps[position] for position in positions)
+        if op_name(first.op) != "record_event" or not _is_wait(then):
+            continue
+        recorded_on, waits = _event_stream(first), _event_stream(then)
+        if _indices(recorded_on, waits) and recorded_on != waits and {recorded_on, waits} <= shared:
+            guards[positions[0]] = guards[positions[1]] = (recorded_on, waits)
+    return guards
+
+
+def _event_stream(step: SyncCall) -> Any:
+    return operands(op_name(step.op), step.args).stream
+
+
 def made_by_the_package(table: UserObjectTable | None) -> Callable[[Any], bool]:
     """Whether a table index names an event the package's passes made for this graph: no
     user code records, waits, times or queries it, so ``split`` may hold its records back.
@@ -308,6 +353,14 @@ class Judgement:
         return without_redundant_waits(
             steps, made.__contains__, current, shared, keep_records=self.keep_records
         )
+
+    def pairs_on_one_stream(self, steps: list[Step]) -> dict[int, Guard]:
+        """``pairs_on_one_stream`` of a backward's ``steps``; none in a forward, whose
+        backward may wait for what it records."""
+        if self.keep_records:
+            return {}
+        made = frozenset(self.package_events)
+        return pairs_on_one_stream(steps, made.__contains__, frozenset(self.shared))
 
 
 def judgement(table: UserObjectTable | None, *, backward: bool) -> Judgement | None:

@@ -32,6 +32,10 @@ class Judge(Protocol):
     def without_redundant_waits(self, steps: list[Any]) -> list[Any]:
         """``steps`` (syncs, and work on a stream) without the syncs that order nothing."""
 
+    def pairs_on_one_stream(self, steps: list[Any]) -> dict[int, tuple[int, int]]:
+        """The positions of the syncs in ``steps`` that order nothing when two stream
+        indices name one stream at run time, each with those two indices."""
+
 
 @dataclass(eq=False)
 class Work:
@@ -98,13 +102,21 @@ def _arguments(node: Any) -> tuple[list[str], bool]:
     return [write(arg) for arg in args], bool(kwargs)
 
 
-def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -> list[Any]:
-    """``lines`` without the syncs ``judgement`` finds redundant in the program they run;
-    ``streams`` maps Inductor's stream numbers to table indices. Unchanged where there is
-    no judgement, a block enters a stream it cannot name, or a sync's line cannot be read
-    as the sync it issues."""
+# Each sync line issued only when two stream indices name different streams, by the line's
+# id: the two indices (``redundant_syncs.pairs_on_one_stream``).
+Guards = dict[int, tuple[int, int]]
+
+
+def issued(
+    lines: list[Any], judgement: Judge | None, streams: dict[int, int]
+) -> tuple[list[Any], Guards]:
+    """``lines`` without the syncs ``judgement`` finds redundant in the program they run,
+    and the guards of those it finds needed only when two stream indices name different
+    streams; ``streams`` maps Inductor's stream numbers to table indices. Unchanged, with no
+    guard, where there is no judgement, a block enters a stream it cannot name, or a sync's
+    line cannot be read as the sync it issues."""
     if judgement is None:
-        return lines
+        return lines, {}
     steps: list[SyncCall | Work] = []
     written: dict[int, Any] = {}  # each sync step's line, by the step's id
     stream: int | None = None  # the stream the call began on
@@ -112,19 +124,24 @@ def issued(lines: list[Any], judgement: Judge | None, streams: dict[int, int]) -
     for line in lines:
         if isinstance(line, enters):
             if line.stream_idx != CALLERS_STREAM and line.stream_idx not in streams:
-                return lines
+                return lines, {}
             stream = None if line.stream_idx == CALLERS_STREAM else streams[line.stream_idx]
         elif isinstance(line, exits):
             stream = None
         elif not _no_work(line):
             sync = sync_in(line)
             if sync is None and _sync_op(line) is not None:
-                return lines
+                return lines, {}
             steps.append(sync if sync is not None else Work(stream))
             written[id(steps[-1])] = line
-    kept = {id(step) for step in judgement.without_redundant_waits(steps)}
+    kept_steps = judgement.without_redundant_waits(steps)
+    kept = {id(step) for step in kept_steps}
     left_out = {id(line) for step, line in written.items() if step not in kept}
-    return _joined_blocks([line for line in lines if id(line) not in left_out])
+    guards = {
+        id(written[id(kept_steps[position])]): guard
+        for position, guard in judgement.pairs_on_one_stream(kept_steps).items()
+    }
+    return _joined_blocks([line for line in lines if id(line) not in left_out]), guards
 
 
 def _joined_blocks(lines: list[Any]) -> list[Any]:

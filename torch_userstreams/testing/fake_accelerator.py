@@ -32,10 +32,20 @@ _HOST = torch.device("cpu")
 
 
 class FakeAcceleratorStream(SimStream):
-    """A simulated stream whose device is the fake accelerator's."""
+    """A simulated stream whose device is the fake accelerator's. Each is its own stream:
+    equal only to itself, as two CUDA streams are equal only where they are one (CPU
+    streams all compare equal), so code that compares streams runs here as on a GPU."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FakeAcceleratorStream:
         return super().__new__(cls, _HOST)  # type: ignore[call-arg, no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    __hash__ = object.__hash__
 
     @property
     def device(self) -> torch.device:  # type: ignore[override]
