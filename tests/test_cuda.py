@@ -213,3 +213,55 @@ def test_one_call_launches_each_kernel_on_its_stream() -> None:
     inside = forward[guard.end() + block.end() :].split("\n")
     body = [line for line in inside if line.startswith(block.group(1) + "    ")]
     assert any("stream=" in line or "get_raw_stream" in line for line in body), forward
+
+
+def main_passed_step(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    main: torch.Stream,
+    side: torch.Stream,
+    forked: Any,
+    joined: Any,
+) -> torch.Tensor:
+    """``side_stream_step`` with its streams and events passed in, ``main`` among them."""
+    forked.record(main)
+    forked.wait(side)
+    with side:
+        branch = (x * w).sin()
+    joined.record(side)
+    joined.wait(main)
+    with main:
+        return (branch * w + x.cos()).sum()
+
+
+def test_a_backward_skips_its_pairs_between_the_current_stream_and_a_passed_main() -> None:
+    """The current stream passed in as ``main``: on CUDA each ``current_stream()`` is a new
+    object for the one stream, so the backward's guarded record/wait pairs between the
+    current stream and ``main`` compare the streams, not the objects: they are equal, and
+    the pairs are skipped, with eager's gradients."""
+    import re
+
+    from helpers import LAST_BINDING
+    from torch._inductor.utils import run_and_get_code
+
+    def objects() -> tuple[Any, ...]:
+        return (
+            torch.accelerator.current_stream(DEVICE),
+            torch.Stream(device=DEVICE),
+            torch.Event(device=DEVICE),
+            torch.Event(device=DEVICE),
+        )
+
+    x, w = leaves(6)
+    compiled = torch.compile(main_passed_step, backend="userstreams")
+    _, code = run_and_get_code(lambda: compiled(x, w, *objects()).backward())
+    backward_code = code[-1][code[-1].index("def call(") :]
+    guarded = re.findall(
+        r"if user_object(\d+) != user_object(\d+): user_object\d+\.record\(", backward_code
+    )
+    binding = LAST_BINDING[0]
+    same = [(a, b) for a, b in guarded if binding[1 + int(a)] == binding[1 + int(b)]]
+    assert same, backward_code
+    assert all(binding[1 + int(a)] is not binding[1 + int(b)] for a, b in same)
+    theirs = eager_grads(main_passed_step, *leaves(6), *objects())
+    torch.testing.assert_close([x.grad, w.grad], theirs, **TOLERANCE)
