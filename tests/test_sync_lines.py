@@ -88,34 +88,22 @@ def _guarded_records(backward: str, binding: Any) -> tuple[list[Any], list[Any]]
     return same, apart
 
 
-def test_a_backward_skips_a_pair_between_two_indices_only_where_they_name_one_stream(
+def test_a_backward_skips_a_pair_between_two_indices_that_name_one_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The demo's main stream is the current stream, and both are indices of its backward:
     a package event recorded on one and waited on the other is guarded by a comparison of
-    the two, and the call records none of those. With a main stream of its own (one the model
-    keeps), the same pairs are recorded and waited. The gradients are the same, and the race
-    detector finds no race either way."""
-    from torch_userstreams.demo.model import SideStreamBlock
-    from torch_userstreams.testing.fake_accelerator import FakeAcceleratorStream
-
-    code, report, grads = training_step(monkeypatch, judged=True)
+    the two, and the call records none of those; the pairs between two streams (a side
+    stream and the current one, or two side streams) are recorded and waited. The race
+    detector finds no race."""
+    code, report, _ = training_step(monkeypatch, judged=True)
     same, apart = _guarded_records(_call(code[1]), LAST_BINDING[0])
     assert same, "the current stream and main are one stream: their pairs are skipped"
+    assert apart, "the side streams are streams of their own"
     assert not any(event.recorded for event in same)
     assert all(event.recorded for event in apart)
+    assert all(any(kind == "wait" for kind, _ in event.log) for event in apart)
     report.assert_no_races()
-
-    main = FakeAcceleratorStream()
-    monkeypatch.setattr(SideStreamBlock, "_main_stream", lambda self: main)
-    code, report, own_main_grads = training_step(monkeypatch, judged=True)
-    same, apart = _guarded_records(_call(code[1]), LAST_BINDING[0])
-    assert apart, "main is a stream of its own: the pairs between it and the current one run"
-    assert all(event.recorded for event in apart)
-    assert any(kind == "wait" for event in apart for kind, _ in event.log)
-    report.assert_no_races()
-    for ours, theirs in zip(own_main_grads, grads, strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 def test_no_block_follows_one_of_its_own_stream_or_is_empty(
