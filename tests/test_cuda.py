@@ -223,7 +223,9 @@ def main_passed_step(
     forked: Any,
     joined: Any,
 ) -> torch.Tensor:
-    """``side_stream_step`` with its streams and events passed in, ``main`` among them."""
+    """``side_stream_step`` with its streams and events passed in, ``main`` among them, and
+    its last computation inside ``with main:``: that block is what gives its backward pairs
+    between the current stream and ``main`` (without it there are none)."""
     forked.record(main)
     forked.wait(side)
     with side:
